@@ -11,6 +11,23 @@
 // grouped by prefix, and values a client chooses freely (headers, API keys)
 // are hashed, so a hostile value can neither be long nor collide with another
 // client's key.
+//
+// The keys, by function:
+//
+//	RemoteIP, ClientIP  ip:192.0.2.1, ip:2001:db8:1:2::/64
+//	User                user:42, or user#<hash> for an ID over 64 bytes
+//	APIKey              key:<hash>, an HMAC-SHA256 when given a secret
+//	Header              h:x-tenant:<hash>
+//	Method              m:GET
+//	Route               route:GET /users/{id}, or path:/users/42 when no
+//	                    route matched (path#<hash> over 128 bytes)
+//	Global              global
+//	Join                ip:192.0.2.1|route:GET /users/{id}
+//
+// A <hash> is 22 characters of unpadded base64url (see Hash). Values that
+// appear in a key unhashed are escaped (see Escape), so that none contains
+// the "|" that Join puts between keys. The keys of this package never share
+// memory with the Request.
 package keyfunc
 
 import (

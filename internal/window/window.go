@@ -127,6 +127,9 @@ func Roll(s State, now, w int64) (State, int64) {
 // Fits reports whether a request of cost c fits limit under state s at now
 // (Unix milliseconds). s must already be rolled to now.
 func Fits(s State, now int64, limit, w, c int64) bool {
+	if c > limit {
+		return false // also keeps (s.Curr+c)*w from overflowing
+	}
 	elapsed := now - s.Start
 	return s.Prev*(w-elapsed)+(s.Curr+c)*w <= limit*w
 }

@@ -1,0 +1,238 @@
+// Package headers writes the rate-limit response headers. Every front end
+// (net/http, Gin, Echo, Fiber) uses this one writer, so clients see the same
+// fields whatever serves them.
+//
+// Two families of fields exist:
+//
+//   - the widespread X-RateLimit-Limit, X-RateLimit-Remaining and
+//     X-RateLimit-Reset. X-RateLimit-Reset has no standard meaning; sluice
+//     sends the number of seconds until the limit is whole again, rounded up
+//     (delta-seconds, as the IETF draft does), never a Unix time.
+//   - the IETF draft (draft-ietf-httpapi-ratelimit-headers) fields
+//     RateLimit-Policy: "name";q=100;w=60 (quota q per window of w seconds,
+//     one item per policy that applied) and RateLimit: "name";r=42;t=18
+//     (r units remaining of the named policy, t seconds until it resets).
+//
+// Retry-After, in delta-seconds rounded up, is sent only on a denial.
+package headers
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+)
+
+// Header names. Header names are case-insensitive; net/http and fasthttp
+// send them in canonical form (X-Ratelimit-Limit, Ratelimit).
+const (
+	Limit           = "X-RateLimit-Limit"
+	Remaining       = "X-RateLimit-Remaining"
+	Reset           = "X-RateLimit-Reset"
+	RetryAfter      = "Retry-After"
+	RateLimit       = "RateLimit"
+	RateLimitPolicy = "RateLimit-Policy"
+)
+
+// canonical is the http.Header key of each name above.
+var canonical = map[string]string{
+	Limit:           http.CanonicalHeaderKey(Limit),
+	Remaining:       http.CanonicalHeaderKey(Remaining),
+	Reset:           http.CanonicalHeaderKey(Reset),
+	RetryAfter:      http.CanonicalHeaderKey(RetryAfter),
+	RateLimit:       http.CanonicalHeaderKey(RateLimit),
+	RateLimitPolicy: http.CanonicalHeaderKey(RateLimitPolicy),
+}
+
+// Setter sets a response header, replacing any value it had. http.Header and
+// *fiber.Ctx satisfy it.
+type Setter interface {
+	Set(key, value string)
+}
+
+// Style selects which fields Write sends.
+type Style uint8
+
+// The styles. The zero value is Both.
+const (
+	// Both sends the X-RateLimit-* fields and the IETF draft fields.
+	Both Style = iota
+	// Legacy sends X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset.
+	Legacy
+	// Draft sends RateLimit-Policy and RateLimit.
+	Draft
+	// None sends no rate-limit fields except Retry-After on a denial.
+	None
+)
+
+var styleNames = [...]string{Both: "both", Legacy: "legacy", Draft: "draft", None: "none"}
+
+// String returns the style's name: "both", "legacy", "draft" or "none".
+func (s Style) String() string {
+	if int(s) < len(styleNames) {
+		return styleNames[s]
+	}
+	return "Style(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseStyle returns the style named s ("both", "legacy", "draft" or
+// "none", in any case).
+func ParseStyle(s string) (Style, error) {
+	for i, n := range styleNames {
+		if strings.EqualFold(s, n) {
+			return Style(i), nil
+		}
+	}
+	return 0, fmt.Errorf("headers: unknown style %q (want both, legacy, draft or none)", s)
+}
+
+// Policy describes one limit for the RateLimit-Policy field.
+type Policy struct {
+	// Name identifies the policy; it is sent as a quoted string.
+	Name string
+	// Quota is the number of requests (units) per window.
+	Quota int
+	// Window is the window's length; it is sent in whole seconds, rounded up.
+	Window time.Duration
+}
+
+// AppendPolicy appends p in the form "name";q=100;w=60 to dst.
+func AppendPolicy(dst []byte, p Policy) []byte {
+	dst = strconv.AppendQuote(dst, p.Name)
+	dst = append(dst, ";q="...)
+	dst = strconv.AppendInt(dst, int64(p.Quota), 10)
+	dst = append(dst, ";w="...)
+	return strconv.AppendInt(dst, Seconds(p.Window), 10)
+}
+
+// FormatPolicies returns the value of the RateLimit-Policy field for ps,
+// items separated by ", ". Callers with fixed policies compute it once.
+func FormatPolicies(ps ...Policy) string {
+	var b []byte
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = AppendPolicy(b, p)
+	}
+	return string(b)
+}
+
+// Values is what Write reports: the binding (most restrictive) policy.
+type Values struct {
+	// Name is the binding policy's name, used in the RateLimit field.
+	Name string
+	// Limit is the binding policy's quota per window.
+	Limit int
+	// Remaining is how many requests the binding policy still admits.
+	Remaining int
+	// Reset is how long until the binding policy is whole again.
+	Reset time.Duration
+	// RetryAfter, when positive, is sent as Retry-After: set it only on a
+	// denial.
+	RetryAfter time.Duration
+	// Policy is the RateLimit-Policy value (see FormatPolicies), listing
+	// every policy that applied. Empty omits the field.
+	Policy string
+}
+
+// Seconds converts d to whole seconds, rounded up; negative durations give 0.
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// Write sets the fields of style from v on s, replacing earlier values.
+// Retry-After is set whenever v.RetryAfter is positive, whatever the style.
+//
+// When s is an http.Header, Write makes two allocations in all: the
+// values share one backing array and one buffer.
+func Write(s Setter, style Style, v *Values) {
+	if h, ok := s.(http.Header); ok {
+		writeHeader(h, style, v)
+		return
+	}
+	var f fields
+	n := f.build(style, v)
+	for i := 0; i < n; i++ {
+		s.Set(f.names[i], f.values[i])
+	}
+}
+
+func writeHeader(h http.Header, style Style, v *Values) {
+	var f fields
+	n := f.build(style, v)
+	if n == 0 {
+		return
+	}
+	vals := make([]string, n)
+	copy(vals, f.values[:n])
+	for i := 0; i < n; i++ {
+		// Each field gets a one-element slice of cap 1 so that an Add by
+		// a later handler copies instead of writing into its neighbour.
+		h[canonical[f.names[i]]] = vals[i : i+1 : i+1]
+	}
+}
+
+// fields holds at most six name/value pairs built into one buffer.
+type fields struct {
+	names  [6]string
+	values [6]string
+}
+
+func (f *fields) build(style Style, v *Values) int {
+	// Every number below fits in 20 bytes; the name is quoted and may be
+	// escaped, so size generously and let append grow if needed.
+	buf := make([]byte, 0, 96+2*len(v.Name))
+	n := 0
+	var marks [6]int
+	add := func(name string, start int) {
+		f.names[n] = name
+		marks[n] = start
+		n++
+	}
+	if style == Both || style == Legacy {
+		start := len(buf)
+		buf = strconv.AppendInt(buf, int64(v.Limit), 10)
+		add(Limit, start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
+		add(Remaining, start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, Seconds(v.Reset), 10)
+		add(Reset, start)
+	}
+	if style == Both || style == Draft {
+		start := len(buf)
+		buf = strconv.AppendQuote(buf, v.Name)
+		buf = append(buf, ";r="...)
+		buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, Seconds(v.Reset), 10)
+		add(RateLimit, start)
+	}
+	if v.RetryAfter > 0 {
+		start := len(buf)
+		buf = strconv.AppendInt(buf, Seconds(v.RetryAfter), 10)
+		add(RetryAfter, start)
+	}
+	// buf is never written again, so its bytes can back the strings.
+	all := unsafe.String(unsafe.SliceData(buf), len(buf))
+	for i := 0; i < n; i++ {
+		end := len(buf)
+		if i+1 < n {
+			end = marks[i+1]
+		}
+		f.values[i] = all[marks[i]:end]
+	}
+	if (style == Both || style == Draft) && v.Policy != "" {
+		f.names[n], f.values[n] = RateLimitPolicy, v.Policy
+		n++
+	}
+	return n
+}

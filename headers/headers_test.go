@@ -1,0 +1,134 @@
+package headers
+
+import (
+	"net/http"
+	"reflect"
+	"testing"
+	"time"
+)
+
+type mapSetter map[string]string
+
+func (m mapSetter) Set(k, v string) { m[k] = v }
+
+func TestWrite(t *testing.T) {
+	t.Parallel()
+	allowed := Values{Name: "api", Limit: 100, Remaining: 42, Reset: 17100 * time.Millisecond,
+		Policy: `"api";q=100;w=60`}
+	denied := Values{Name: "login", Limit: 5, Remaining: 0, Reset: 299 * time.Second,
+		RetryAfter: 1001 * time.Millisecond, Policy: `"login";q=5;w=300, "api";q=100;w=60`}
+	tests := []struct {
+		name  string
+		style Style
+		v     Values
+		want  map[string]string
+	}{
+		{"both allowed", Both, allowed, map[string]string{
+			Limit: "100", Remaining: "42", Reset: "18",
+			RateLimit: `"api";r=42;t=18`, RateLimitPolicy: `"api";q=100;w=60`,
+		}},
+		{"legacy allowed", Legacy, allowed, map[string]string{Limit: "100", Remaining: "42", Reset: "18"}},
+		{"draft allowed", Draft, allowed, map[string]string{
+			RateLimit: `"api";r=42;t=18`, RateLimitPolicy: `"api";q=100;w=60`,
+		}},
+		{"none allowed", None, allowed, map[string]string{}},
+		{"both denied", Both, denied, map[string]string{
+			Limit: "5", Remaining: "0", Reset: "299", RetryAfter: "2",
+			RateLimit: `"login";r=0;t=299`, RateLimitPolicy: `"login";q=5;w=300, "api";q=100;w=60`,
+		}},
+		{"none denied keeps Retry-After", None, denied, map[string]string{RetryAfter: "2"}},
+		{"negative remaining clamps", Legacy, Values{Limit: 1, Remaining: -3}, map[string]string{Limit: "1", Remaining: "0", Reset: "0"}},
+		{"quoted name", Draft, Values{Name: `a"b`, Limit: 1}, map[string]string{RateLimit: `"a\"b";r=0;t=0`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := mapSetter{}
+			Write(got, tt.style, &tt.v)
+			if !reflect.DeepEqual(map[string]string(got), tt.want) {
+				t.Errorf("Setter: got %v, want %v", got, tt.want)
+			}
+			h := http.Header{}
+			Write(h, tt.style, &tt.v)
+			if len(h) != len(tt.want) {
+				t.Errorf("http.Header: got %v, want %v", h, tt.want)
+			}
+			for k, v := range tt.want {
+				if got := h.Values(k); len(got) != 1 || got[0] != v {
+					t.Errorf("http.Header[%s] = %q, want [%q]", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+func TestWriteReplaces(t *testing.T) {
+	t.Parallel()
+	h := http.Header{}
+	h.Add(Limit, "1")
+	h.Add(Limit, "2")
+	Write(h, Legacy, &Values{Limit: 3})
+	if got := h.Values(Limit); len(got) != 1 || got[0] != "3" {
+		t.Errorf("Limit = %q, want [3]", got)
+	}
+	// A later Add must not write into the neighbouring field.
+	h.Add(Limit, "4")
+	if got := h.Values(Remaining); len(got) != 1 || got[0] != "0" {
+		t.Errorf("Remaining = %q after Add to Limit, want [0]", got)
+	}
+}
+
+func TestWriteAllocs(t *testing.T) {
+	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Policy: `"default";q=100;w=60`}
+	h := make(http.Header, 8)
+	allocs := testing.AllocsPerRun(100, func() {
+		clear(h)
+		Write(h, Both, &v)
+	})
+	if allocs > 2 {
+		t.Errorf("Write to http.Header: %v allocs, want <= 2", allocs)
+	}
+}
+
+func TestFormatPolicies(t *testing.T) {
+	t.Parallel()
+	got := FormatPolicies(Policy{"api", 100, time.Minute}, Policy{"burst", 10, 1500 * time.Millisecond})
+	if want := `"api";q=100;w=60, "burst";q=10;w=2`; got != want {
+		t.Errorf("FormatPolicies = %s, want %s", got, want)
+	}
+}
+
+func TestParseStyle(t *testing.T) {
+	t.Parallel()
+	for _, s := range []Style{Both, Legacy, Draft, None} {
+		got, err := ParseStyle(s.String())
+		if err != nil || got != s {
+			t.Errorf("ParseStyle(%q) = %v, %v", s, got, err)
+		}
+	}
+	if _, err := ParseStyle("LEGACY"); err != nil {
+		t.Errorf("ParseStyle is not case-insensitive: %v", err)
+	}
+	if _, err := ParseStyle("x-ratelimit"); err == nil || err.Error() != `headers: unknown style "x-ratelimit" (want both, legacy, draft or none)` {
+		t.Errorf("ParseStyle(bad) error = %v", err)
+	}
+}
+
+func TestSeconds(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]int64{-time.Second: 0, 0: 0, 1: 1, time.Second: 1, time.Second + 1: 2, 90 * time.Second: 90} {
+		if got := Seconds(d); got != want {
+			t.Errorf("Seconds(%v) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+func BenchmarkWrite(b *testing.B) {
+	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Policy: `"default";q=100;w=60`}
+	h := make(http.Header, 8)
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(h)
+		Write(h, Both, &v)
+	}
+}

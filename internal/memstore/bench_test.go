@@ -1,0 +1,111 @@
+package memstore
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+func BenchmarkTake(b *testing.B) {
+	// Large enough that the counters never fill during a benchmark.
+	big := window.Limit{Requests: 1 << 30, Window: time.Minute}
+	ctx := context.Background()
+
+	b.Run("hot", func(b *testing.B) {
+		s := newStore(b, Config{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			charges := []window.Charge{{Name: "per-ip", Key: "ip:203.0.113.7", Limit: big, Cost: 1}}
+			out := make([]window.Decision, 1)
+			for pb.Next() {
+				s.Take(ctx, t0, charges, out)
+			}
+		})
+	})
+
+	b.Run("hot-two-limits", func(b *testing.B) {
+		s := newStore(b, Config{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			charges := []window.Charge{
+				{Name: "burst", Key: "ip:203.0.113.7", Limit: big, Cost: 1},
+				{Name: "quota", Key: "ip:203.0.113.7", Limit: window.Limit{Requests: 1 << 30, Window: time.Hour / 4}, Cost: 1},
+			}
+			out := make([]window.Decision, 2)
+			for pb.Next() {
+				s.Take(ctx, t0, charges, out)
+			}
+		})
+	})
+
+	b.Run("distinct-100k", func(b *testing.B) {
+		const n = 100_000
+		s := newStore(b, Config{})
+		keys := make([]string, n)
+		out := make([]window.Decision, 1)
+		for i := range keys {
+			keys[i] = "ip:10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+			s.Take(ctx, t0, []window.Charge{{Name: "per-ip", Key: keys[i], Limit: big, Cost: 1}}, out)
+		}
+		if s.Len() != n {
+			b.Fatalf("Len() = %d after populating, want %d", s.Len(), n)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			charges := []window.Charge{{Name: "per-ip", Limit: big, Cost: 1}}
+			out := make([]window.Decision, 1)
+			i := rand.IntN(n)
+			for pb.Next() {
+				charges[0].Key = keys[i]
+				s.Take(ctx, t0, charges, out)
+				if i++; i == n {
+					i = 0
+				}
+			}
+		})
+	})
+
+	b.Run("new-keys-at-cap", func(b *testing.B) {
+		// Every Take inserts a new counter into a full store, which evicts
+		// one.
+		s := newStore(b, Config{MaxKeys: 1 << 14})
+		charges := []window.Charge{{Name: "per-ip", Limit: big, Cost: 1}}
+		out := make([]window.Decision, 1)
+		var buf []byte
+		for i := range 1 << 14 {
+			buf = ipKey(buf, i)
+			charges[0].Key = string(buf)
+			s.Take(ctx, t0, charges, out)
+		}
+		// Only the store's own allocations count: the key is not copied.
+		b.ReportAllocs()
+		b.ResetTimer()
+		i := 1 << 14
+		for b.Loop() {
+			buf = ipKey(buf, i&(1<<24-1))
+			i++
+			charges[0].Key = unsafe.String(&buf[0], len(buf))
+			s.Take(ctx, t0, charges, out)
+		}
+	})
+
+	b.Run("clock", func(b *testing.B) {
+		// As the middleware calls it: the zero time, so the store reads
+		// time.Now.
+		s := newStore(b, Config{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			charges := []window.Charge{{Name: "per-ip", Key: "ip:203.0.113.7", Limit: big, Cost: 1}}
+			out := make([]window.Decision, 1)
+			for pb.Next() {
+				s.Take(ctx, time.Time{}, charges, out)
+			}
+		})
+	})
+}

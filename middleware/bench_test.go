@@ -1,0 +1,67 @@
+package middleware_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// discardWriter is a ResponseWriter that keeps nothing, so benchmarks
+// measure the middleware rather than a recorder.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+
+var bare = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+
+// BenchmarkMiddleware compares a bare handler with the same handler behind
+// the limiter on the in-memory store, for one hot key and for 100,000
+// distinct keys. The limit is high enough that every request is allowed,
+// so the allow path (decision plus headers) is what is measured.
+func BenchmarkMiddleware(b *testing.B) {
+	const distinct = 100_000
+	reqs := make([]*http.Request, distinct)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest(http.MethodGet, "/", nil)
+		reqs[i].RemoteAddr = "10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255) + ":1234"
+	}
+	newHandler := func(b *testing.B) http.Handler {
+		lim, err := middleware.New(middleware.PerSecond(1<<40/1000), keyfunc.RemoteIP())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { lim.Close() })
+		return lim.Handler(bare)
+	}
+	run := func(b *testing.B, h http.Handler, n int) {
+		var next atomic.Int64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			w := &discardWriter{h: make(http.Header, 8)}
+			i := int(next.Add(7919))
+			for pb.Next() {
+				clear(w.h)
+				h.ServeHTTP(w, reqs[i%n])
+				i++
+			}
+		})
+	}
+	b.Run("baseline", func(b *testing.B) { run(b, bare, 1) })
+	b.Run("hot-key", func(b *testing.B) { run(b, newHandler(b), 1) })
+	b.Run("distinct-100k", func(b *testing.B) {
+		h := newHandler(b)
+		w := &discardWriter{h: make(http.Header, 8)}
+		for _, r := range reqs { // every key exists before timing
+			h.ServeHTTP(w, r)
+		}
+		run(b, h, distinct)
+	})
+}

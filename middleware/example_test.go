@@ -1,0 +1,92 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// The limiter needs a limit and says what it counts by; everything else has
+// a safe default (in-memory store, both header styles, fail open).
+func ExampleNew() {
+	lim, err := middleware.New(middleware.PerMinute(2), keyfunc.RemoteIP(),
+		middleware.WithClock(func() time.Time { return time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+
+	for i := 0; i < 3; i++ {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code == http.StatusTooManyRequests {
+			fmt.Println(rec.Code, "Retry-After:", rec.Header().Get("Retry-After"))
+			continue
+		}
+		fmt.Println(rec.Code, "X-RateLimit-Remaining:", rec.Header().Get("X-RateLimit-Remaining"))
+	}
+	// Output:
+	// 200 X-RateLimit-Remaining: 1
+	// 200 X-RateLimit-Remaining: 0
+	// 429 Retry-After: 90
+}
+
+// A hybrid key counts authenticated users by their ID and everyone else by
+// IP address, with a stricter limit per route for logins.
+func Example_hybridKey() {
+	type userKey struct{}
+	user := func(ctx context.Context) (string, bool) {
+		id, ok := ctx.Value(userKey{}).(string)
+		return id, ok
+	}
+	lim, err := middleware.NewRules([]middleware.Rule{
+		{
+			Name:   "api",
+			Path:   "/api/*",
+			Key:    keyfunc.First(keyfunc.User(user), keyfunc.RemoteIP()),
+			Limits: []middleware.Limit{middleware.PerMinute(100), middleware.PerHour(1000)},
+		},
+		{
+			Name:    "login",
+			Path:    "/api/login",
+			Methods: []string{http.MethodPost},
+			Key:     keyfunc.Join(keyfunc.RemoteIP(), keyfunc.Route()),
+			Limits:  []middleware.Limit{{Requests: 5, Window: 5 * time.Minute}},
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+
+	rec := httptest.NewRecorder()
+	lim.Handler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest("POST", "/api/login", nil))
+	fmt.Println(rec.Header().Get("RateLimit-Policy"))
+	// Output:
+	// "api-1m";q=100;w=60, "api-1h";q=1000;w=3600, "login";q=5;w=300
+}
+
+// Store errors are absorbed (fail open) by default; FailClosed answers 503
+// and FailLocal counts in memory until the store is back.
+func ExampleWithFailurePolicy() {
+	lim, err := middleware.New(middleware.PerSecond(10), keyfunc.RemoteIP(),
+		middleware.WithFailurePolicy(middleware.FailClosed),
+		middleware.WithOnError(func(r keyfunc.Request, err error) {
+			log.Printf("rate limiter store failed: %v", err)
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	fmt.Println("ok")
+	// Output: ok
+}

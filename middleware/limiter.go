@@ -1,0 +1,468 @@
+// Package middleware rate-limits HTTP handlers with a sliding-window
+// counter.
+//
+// A Limiter holds rules (who is counted, how much they may do), a Store that
+// counts (in memory by default, or Redis for many app servers), and how to
+// answer: headers, the 429 response, and what to do when the store fails.
+// Handler wraps a net/http handler; Decide is the framework-neutral call
+// that the Gin, Echo and Fiber adapters use.
+//
+// A Limiter is safe for concurrent use.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/keyfunc"
+)
+
+// ErrStore wraps every error a Store returned, so error handlers can tell a
+// store failure (errors.Is(err, ErrStore)) from a request without a key
+// (errors.Is(err, keyfunc.ErrNoKey)).
+var ErrStore = errors.New("sluice: store failed")
+
+// Limiter decides whether requests are within their limits.
+type Limiter struct {
+	rules atomic.Pointer[ruleSet]
+	cfg   config
+}
+
+type ruleSet struct {
+	rules []*compiledRule
+}
+
+// New returns a Limiter that applies one limit to every request, counted per
+// key. The key is required on purpose: every call site says what it limits
+// by. It returns an error describing the first problem it finds in the
+// configuration.
+//
+//	lim, err := middleware.New(middleware.PerMinute(100), keyfunc.RemoteIP())
+func New(limit Limit, key keyfunc.Func, opts ...Option) (*Limiter, error) {
+	return NewRules([]Rule{{Name: DefaultRuleName, Key: key, Limits: []Limit{limit}}}, opts...)
+}
+
+// DefaultRuleName is the name of the single rule New creates; it appears in
+// the RateLimit and RateLimit-Policy fields.
+const DefaultRuleName = "default"
+
+// NewRules returns a Limiter that applies rules. See Rule.
+func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
+	l := &Limiter{cfg: defaultConfig()}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("sluice: nil Option")
+		}
+		o(&l.cfg)
+	}
+	if err := l.cfg.finish(); err != nil {
+		return nil, err
+	}
+	if err := l.SetRules(rules); err != nil {
+		l.cfg.closeOwned()
+		return nil, err
+	}
+	return l, nil
+}
+
+// SetRules replaces the limiter's rules atomically. Requests in flight finish
+// under the rules they started with; counters of rules whose name and
+// windows are unchanged carry on. If rules are invalid, SetRules returns an
+// error and the previous rules stay in force.
+func (l *Limiter) SetRules(rules []Rule) error {
+	set, err := compileRules(rules)
+	if err != nil {
+		return err
+	}
+	l.rules.Store(set)
+	return nil
+}
+
+func compileRules(rules []Rule) (*ruleSet, error) {
+	if len(rules) == 0 {
+		return nil, errors.New("sluice: no rules")
+	}
+	set := &ruleSet{}
+	seen := map[string]bool{}
+	for _, r := range rules {
+		c, err := compileRule(r)
+		if err != nil {
+			return nil, fmt.Errorf("sluice: %w", err)
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("sluice: rule %q: name used twice", r.Name)
+		}
+		seen[r.Name] = true
+		set.rules = append(set.rules, c)
+	}
+	return set, nil
+}
+
+// Close releases what the limiter started itself: the sweeper of the
+// default in-memory store. A Store passed with WithStore is the caller's to
+// close.
+func (l *Limiter) Close() error { return l.cfg.closeOwned() }
+
+// Result is the outcome of Decide.
+type Result struct {
+	// Allowed reports whether the request may proceed. In shadow mode it
+	// is true even when a limit was exceeded; see Shadowed.
+	Allowed bool
+	// Limited reports whether any limit applied to the request. When it is
+	// false (no rule matched, all were skipped, or the store failed and the
+	// policy is to fail open) the other fields are zero and no rate-limit
+	// headers are sent.
+	Limited bool
+	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
+	// would have denied the request.
+	Shadowed bool
+	// Policy names the binding limit: the one that denied the request or,
+	// when allowed, the one with the fewest requests remaining.
+	Policy string
+	// Limit is the binding limit, as configured (without overage).
+	Limit Limit
+	// Remaining is how many more requests the binding limit admits now.
+	Remaining int
+	// ResetAfter is how long until the binding limit is whole again.
+	ResetAfter time.Duration
+	// RetryAfter is how long the client should wait before retrying; set
+	// only when the request was denied. It is -1 when the request costs
+	// more than the limit, so no wait would help.
+	RetryAfter time.Duration
+	// Cost is what the request was charged under the binding limit.
+	Cost int
+	// Err is the store error a fail-open or fallback limiter absorbed.
+	Err error
+
+	policies string
+}
+
+// Decide rate-limits one request: it finds the rules that apply, computes
+// keys and costs, and asks the store, charging the request only if every
+// limit admits it. Front ends call it once per request, then WriteHeaders,
+// then deny or continue.
+//
+// Decide returns an error when the request cannot be decided: it wraps
+// keyfunc.ErrNoKey when a key function found no key (and the limiter is set
+// to reject such requests), or ErrStore when the store failed and the
+// failure policy is FailClosed. Decide never panics on bad input.
+func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
+	set := l.rules.Load()
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
+
+	method, p := r.Method(), ""
+	for _, rule := range set.rules {
+		if !rule.match.all || rule.methods != 0 || len(rule.other) > 0 {
+			if p == "" {
+				p = cleanPath(r.Path())
+			}
+			if !rule.matches(method, p) {
+				continue
+			}
+		}
+		if rule.Skip != nil && rule.Skip(r) {
+			continue
+		}
+		if err := l.addCharges(s, rule, r); err != nil {
+			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
+				continue
+			}
+			return Result{}, err
+		}
+	}
+	if len(s.charges) == 0 && len(s.shadow) == 0 {
+		return Result{Allowed: true}, nil
+	}
+	ctx := r.Context()
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	res := Result{Allowed: true}
+	if len(s.charges) > 0 {
+		s.decisions = grow(s.decisions, len(s.charges))
+		allowed, err := l.take(ctx, now, s.charges, s.decisions)
+		if err != nil {
+			res, err = l.storeFailed(ctx, now, r, s, err)
+			if err != nil || !res.Limited {
+				return res, err
+			}
+		} else {
+			res = s.result(allowed, s.charges, s.decisions, s.metas)
+		}
+	}
+	if len(s.shadow) > 0 {
+		s.shadowDec = grow(s.shadowDec, len(s.shadow))
+		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
+		if err != nil {
+			l.cfg.report(r, err)
+		} else if !allowed {
+			res.Shadowed = true
+			l.cfg.observe(r, s.result(false, s.shadow, s.shadowDec, s.shadowMetas))
+		}
+	}
+	if l.cfg.shadow && !res.Allowed {
+		res.Allowed, res.Shadowed = true, true
+		res.RetryAfter = 0
+	}
+	l.cfg.observe(r, res)
+	return res, nil
+}
+
+func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	return ok, nil
+}
+
+// storeFailed applies the failure policy to a store error. s still holds
+// the request's charges, so a local fallback can decide them.
+func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, err error) (Result, error) {
+	l.cfg.report(r, err)
+	switch l.cfg.failure {
+	case FailClosed:
+		return Result{}, err
+	case FailLocal:
+		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
+		if ferr == nil {
+			res := s.result(allowed, s.charges, s.decisions, s.metas)
+			res.Err = err
+			return res, nil
+		}
+		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
+	}
+	return Result{Allowed: true, Err: err}, nil
+}
+
+// addCharges appends the charges of rule for r to s.
+func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) error {
+	key, err := rule.Key(r)
+	if err != nil {
+		return fmt.Errorf("sluice: rule %q: %w", rule.Name, err)
+	}
+	if key == "" {
+		return fmt.Errorf("sluice: rule %q: empty key: %w", rule.Name, keyfunc.ErrNoKey)
+	}
+	if rule.allowed(key) {
+		return nil
+	}
+	cost := rule.Cost
+	if rule.CostFunc != nil {
+		cost = rule.CostFunc(r)
+	}
+	cost = max(cost, 1)
+	limits, nominal, names, policy := rule.limits, rule.nominal, rule.names, rule.policy
+	if rule.LimitsFunc != nil {
+		var err error
+		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
+			return err
+		}
+	}
+	dst, metas := &s.charges, &s.metas
+	if rule.Shadow {
+		dst, metas = &s.shadow, &s.shadowMetas
+	}
+	for i, lim := range limits {
+		*dst = append(*dst, Charge{Key: key, Name: rule.Name, Limit: lim, Cost: cost})
+		*metas = append(*metas, chargeMeta{name: names[i], nominal: nominal[i], policy: policy})
+	}
+	return nil
+}
+
+// dynamic computes the limits of a rule with a LimitsFunc.
+func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, err error) {
+	nominal = c.LimitsFunc(r, key)
+	ps := make([]headers.Policy, len(nominal))
+	for i, lim := range nominal {
+		if err := lim.Validate(); err != nil {
+			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		eff, err := withOverage(lim, c.Overage)
+		if err != nil {
+			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		limits = append(limits, eff)
+		names = append(names, policyName(c.Name, lim, len(nominal)))
+		ps[i] = headers.Policy{Name: names[i], Quota: lim.Requests, Window: lim.Window}
+	}
+	return limits, nominal, names, headers.FormatPolicies(ps...), nil
+}
+
+// WriteHeaders sets the rate-limit fields of res on s in the limiter's
+// header style. It writes nothing when no limit applied.
+func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
+	if !res.Limited || l.cfg.style == headers.None && res.Allowed {
+		return
+	}
+	v := headers.Values{
+		Name:       res.Policy,
+		Limit:      res.Limit.Requests,
+		Remaining:  res.Remaining,
+		Reset:      res.ResetAfter,
+		RetryAfter: res.RetryAfter,
+		Policy:     res.policies,
+	}
+	if res.Allowed {
+		v.RetryAfter = 0
+	}
+	headers.Write(s, l.cfg.style, &v)
+}
+
+// Handler returns middleware that rate-limits next: requests within their
+// limits reach next with rate-limit headers set; denied requests get the
+// deny handler (429 by default); requests that cannot be decided get the
+// error handler.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.cfg.skip != nil && l.cfg.skip(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		res, err := l.Decide(keyfunc.FromHTTP(r))
+		if err != nil {
+			l.cfg.onError(w, r, err)
+			return
+		}
+		l.WriteHeaders(w.Header(), &res)
+		if !res.Allowed {
+			denied := res // a copy, so that res itself stays on the stack
+			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// HandlerFunc is Handler for a handler function.
+func (l *Limiter) HandlerFunc(next http.HandlerFunc) http.Handler { return l.Handler(next) }
+
+type contextKey struct{ name string }
+
+// resultKey is a pointer so that it fits in an interface without allocating.
+var resultKey = &contextKey{"result"}
+
+// ResultFromContext returns the Result of a denied request; deny handlers
+// given to WithDenyHandler read it to build their response.
+func ResultFromContext(ctx context.Context) (Result, bool) {
+	res, ok := ctx.Value(resultKey).(*Result)
+	if !ok {
+		return Result{}, false
+	}
+	return *res, true
+}
+
+// scratch holds the per-request buffers, pooled so that a decision on an
+// existing key allocates nothing.
+type scratch struct {
+	charges, shadow      []Charge
+	decisions, shadowDec []Decision
+	metas, shadowMetas   []chargeMeta
+}
+
+// chargeMeta is what the result needs about each charge beyond the Store's
+// view of it.
+type chargeMeta struct {
+	name    string
+	nominal Limit
+	policy  string
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{
+		charges:   make([]Charge, 0, 4),
+		decisions: make([]Decision, 0, 4),
+		metas:     make([]chargeMeta, 0, 4),
+	}
+}}
+
+func (s *scratch) release() {
+	clear(s.charges)
+	clear(s.shadow)
+	clear(s.metas)
+	clear(s.shadowMetas)
+	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
+	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
+	scratchPool.Put(s)
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// result folds the decisions of one store call into a Result: the binding
+// limit is the denying one with the longest wait or, when allowed, the one
+// with the fewest requests remaining.
+func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) Result {
+	res := Result{Allowed: allowed, Limited: true}
+	best := -1
+	for i := range ds {
+		d := &ds[i]
+		rem := nominalRemaining(d.Remaining, charges[i].Limit, metas[i].nominal)
+		switch {
+		case best < 0:
+		case !allowed:
+			if d.Allowed || (!ds[best].Allowed && !longerWait(d.RetryAfter, ds[best].RetryAfter)) {
+				continue
+			}
+		case rem > res.Remaining || rem == res.Remaining && d.ResetAfter <= res.ResetAfter:
+			continue
+		}
+		best = i
+		res.Policy, res.Limit, res.Remaining = metas[i].name, metas[i].nominal, rem
+		res.ResetAfter, res.RetryAfter, res.Cost = d.ResetAfter, d.RetryAfter, charges[i].Cost
+	}
+	if allowed {
+		res.RetryAfter = 0
+	}
+	res.policies = metas[0].policy
+	for i := 1; i < len(metas); i++ {
+		if metas[i].policy != metas[i-1].policy {
+			res.policies = joinPolicies(metas)
+			break
+		}
+	}
+	return res
+}
+
+// longerWait orders retry delays, -1 (never) being the longest.
+func longerWait(a, b time.Duration) bool {
+	if a < 0 || b < 0 {
+		return a < 0 && b >= 0
+	}
+	return a > b
+}
+
+// nominalRemaining reports remaining requests against the nominal limit when
+// a rule allows overage: the overage is not advertised.
+func nominalRemaining(rem int, eff, nominal Limit) int {
+	if extra := eff.Requests - nominal.Requests; extra > 0 {
+		rem = max(rem-extra, 0)
+	}
+	return rem
+}
+
+func joinPolicies(metas []chargeMeta) string {
+	var b []byte
+	for i, m := range metas {
+		if i > 0 && m.policy == metas[i-1].policy {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, m.policy...)
+	}
+	return string(b)
+}

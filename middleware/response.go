@@ -1,0 +1,72 @@
+package middleware
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/keyfunc"
+)
+
+// ContentTypeJSON is the Content-Type of the default responses.
+const ContentTypeJSON = "application/json; charset=utf-8"
+
+// DenyBody returns the default body of a 429 response for res, for example
+//
+//	{"error":"rate limit exceeded","policy":"default","limit":100,"window_seconds":60,"retry_after_seconds":3}
+//
+// retry_after_seconds is Retry-After's value; it is left out when waiting
+// would not help (the request costs more than the limit).
+func DenyBody(res *Result) []byte {
+	b := make([]byte, 0, 128)
+	if res.RetryAfter < 0 {
+		b = append(b, `{"error":"request cost exceeds the rate limit"`...)
+	} else {
+		b = append(b, `{"error":"rate limit exceeded"`...)
+	}
+	b = append(b, `,"policy":`...)
+	b = strconv.AppendQuote(b, res.Policy)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, int64(res.Limit.Requests), 10)
+	b = append(b, `,"window_seconds":`...)
+	b = strconv.AppendInt(b, headers.Seconds(res.Limit.Window), 10)
+	if res.RetryAfter >= 0 {
+		b = append(b, `,"retry_after_seconds":`...)
+		b = strconv.AppendInt(b, headers.Seconds(res.RetryAfter), 10)
+	}
+	return append(b, "}\n"...)
+}
+
+// DefaultDenyHandler answers a denied request with 429 Too Many Requests and
+// DenyBody as JSON. The rate-limit headers are already set.
+func DefaultDenyHandler(w http.ResponseWriter, r *http.Request) {
+	res, _ := ResultFromContext(r.Context())
+	writeJSON(w, http.StatusTooManyRequests, DenyBody(&res))
+}
+
+// ErrorResponse returns the status and JSON body DefaultErrorHandler sends
+// for err: 400 Bad Request when the request had no key, 503 Service
+// Unavailable otherwise. The body never includes err's text, which may
+// describe internals.
+func ErrorResponse(err error) (status int, body []byte) {
+	if errors.Is(err, keyfunc.ErrNoKey) {
+		return http.StatusBadRequest, []byte(`{"error":"request has no rate-limit key (for example a missing API key)"}` + "\n")
+	}
+	return http.StatusServiceUnavailable, []byte(`{"error":"rate limiter unavailable"}` + "\n")
+}
+
+// DefaultErrorHandler answers a request that could not be decided with
+// ErrorResponse.
+func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
+	status, body := ErrorResponse(err)
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", ContentTypeJSON)
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,336 @@
+package middleware
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/keyfunc"
+)
+
+// Rule says which requests are limited, who they are counted against and how
+// much they may do. Every rule that matches a request applies; the request
+// passes only if every limit of every matching rule admits it, and a denied
+// request is charged to none of them.
+type Rule struct {
+	// Name identifies the rule in headers (RateLimit-Policy), hooks and
+	// store keys. It must match [A-Za-z0-9_.-]{1,64} and be unique among a
+	// limiter's rules. Counters are kept per rule name, so renaming a rule
+	// starts its counters afresh.
+	Name string
+
+	// Path selects requests by their cleaned URL path: "" or "/*" matches
+	// every path, "/api/login" only that path, "/api/*" "/api" and every
+	// path below it, and "/users/{id}/posts" (or "/users/*/posts") any one
+	// segment in place of {id}.
+	Path string
+
+	// Methods, when not empty, limits the rule to these HTTP methods.
+	Methods []string
+
+	// Key says who a request is counted against. Required.
+	Key keyfunc.Func
+
+	// Limits are the limits that apply to each key, such as PerSecond(10)
+	// and PerHour(1000) at once. At least one is required unless LimitsFunc
+	// is set.
+	Limits []Limit
+
+	// LimitsFunc, when set, returns the limits for a request and its key,
+	// for example from the plan of an API key looked up in memory. It is
+	// called on every matching request and must be fast; it replaces
+	// Limits, and returning no limits leaves the request unlimited by this
+	// rule. Returned limits are validated on every call; an invalid one is
+	// an error for the request (see WithErrorHandler).
+	LimitsFunc func(r keyfunc.Request, key string) []Limit
+
+	// Cost is how many units each matching request consumes; 0 means 1.
+	Cost int
+
+	// CostFunc, when set, computes the cost from the request (for example
+	// from the route or the body size) and replaces Cost. A cost below 1
+	// counts as 1; a cost above a limit is denied with 429 and no
+	// Retry-After, since waiting would not help.
+	CostFunc func(r keyfunc.Request) int
+
+	// Overage lets a limit admit this fraction more than its nominal value
+	// (0.1 lets 110 requests of a 100/min limit through), while headers
+	// keep reporting the nominal limit: a soft throttle for clients that
+	// burst a little. 0 means none.
+	Overage float64
+
+	// Skip, when it reports true, leaves the request unlimited by this rule.
+	Skip func(r keyfunc.Request) bool
+
+	// AllowKeys are keys (as the rule's key function returns them, such as
+	// "user:admin" or "ip:192.0.2.10") that this rule never limits.
+	AllowKeys []string
+
+	// AllowCIDRs are networks whose clients this rule never limits. They
+	// are checked against every IP part ("ip:...") of the rule's key, so
+	// the rule's key function decides which IP counts: RemoteIP for the
+	// peer, ClientIP for the client behind trusted proxies. A key without
+	// an IP part is never allowlisted by CIDR.
+	AllowCIDRs []netip.Prefix
+
+	// Shadow computes, counts and reports this rule's decisions (to
+	// WithOnDecision) but never denies a request: for rolling out a new
+	// limit safely. Shadow rules are counted in a separate store call.
+	Shadow bool
+}
+
+var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// compiledRule is a validated Rule with everything constant precomputed.
+type compiledRule struct {
+	Rule
+	match   matcher
+	methods uint16 // bitmask of knownMethods, 0 = all
+	other   []string
+	limits  []Limit // effective limits (with overage) for static rules
+	nominal []Limit
+	policy  string // RateLimit-Policy value for static rules
+	names   []string
+	allow   map[string]struct{}
+}
+
+var knownMethods = [...]string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
+}
+
+func compileRule(r Rule) (*compiledRule, error) {
+	if !ruleNameRE.MatchString(r.Name) {
+		return nil, fmt.Errorf("rule %q: name must match [A-Za-z0-9_.-]{1,64}", r.Name)
+	}
+	errorf := func(format string, args ...any) error {
+		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
+	}
+	if r.Key == nil {
+		return nil, errorf("key function is nil")
+	}
+	if len(r.Limits) == 0 && r.LimitsFunc == nil {
+		return nil, errorf("no limits")
+	}
+	if r.Cost < 0 {
+		return nil, errorf("cost %d is negative", r.Cost)
+	}
+	if r.Overage < 0 || r.Overage > 10 {
+		return nil, errorf("overage %g must be between 0 and 10", r.Overage)
+	}
+	m, err := compileMatcher(r.Path)
+	if err != nil {
+		return nil, errorf("%v", err)
+	}
+	c := &compiledRule{Rule: r, match: m}
+	c.Limits = append([]Limit(nil), r.Limits...)
+	c.AllowCIDRs = append([]netip.Prefix(nil), r.AllowCIDRs...)
+	for _, p := range c.AllowCIDRs {
+		if !p.IsValid() {
+			return nil, errorf("invalid allowlist CIDR %v", p)
+		}
+	}
+	if len(r.AllowKeys) > 0 {
+		c.allow = make(map[string]struct{}, len(r.AllowKeys))
+		for _, k := range r.AllowKeys {
+			c.allow[k] = struct{}{}
+		}
+	}
+	c.Methods = append([]string(nil), r.Methods...)
+	for _, meth := range r.Methods {
+		if meth == "" || strings.ContainsAny(meth, " \t/") {
+			return nil, errorf("bad method %q", meth)
+		}
+		meth = strings.ToUpper(meth)
+		known := false
+		for i, k := range knownMethods {
+			if k == meth {
+				c.methods |= 1 << i
+				known = true
+			}
+		}
+		if !known {
+			c.other = append(c.other, meth)
+		}
+	}
+	windows := map[time.Duration]bool{}
+	for _, l := range c.Limits {
+		if err := l.Validate(); err != nil {
+			return nil, errorf("%v", err)
+		}
+		if windows[l.Window] {
+			return nil, errorf("two limits with window %s; one counter per window", l.Window)
+		}
+		windows[l.Window] = true
+		if r.Cost > l.Requests {
+			return nil, errorf("cost %d exceeds limit %s: no request could ever pass", r.Cost, l)
+		}
+		eff, err := withOverage(l, r.Overage)
+		if err != nil {
+			return nil, errorf("%v", err)
+		}
+		c.limits = append(c.limits, eff)
+		c.nominal = append(c.nominal, l)
+	}
+	if len(c.Limits) > 0 && r.LimitsFunc == nil {
+		ps := make([]headers.Policy, len(c.Limits))
+		for i, l := range c.Limits {
+			c.names = append(c.names, policyName(r.Name, l, len(c.Limits)))
+			ps[i] = headers.Policy{Name: c.names[i], Quota: l.Requests, Window: l.Window}
+		}
+		c.policy = headers.FormatPolicies(ps...)
+	}
+	return c, nil
+}
+
+// withOverage raises l by the fraction o.
+func withOverage(l Limit, o float64) (Limit, error) {
+	if o == 0 {
+		return l, nil
+	}
+	l.Requests += int(float64(l.Requests) * o)
+	if err := l.Validate(); err != nil {
+		return l, fmt.Errorf("with overage: %v", err)
+	}
+	return l, nil
+}
+
+// policyName names the policy of limit l of a rule: the rule's name, or for
+// a rule with several limits the name and the window ("api-1s").
+func policyName(rule string, l Limit, n int) string {
+	if n == 1 {
+		return rule
+	}
+	return rule + "-" + formatWindow(l.Window)
+}
+
+func formatWindow(d time.Duration) string {
+	s := d.String()
+	for _, suf := range [...]string{"m0s", "h0m"} {
+		s = strings.Replace(s, suf, string(suf[0]), 1)
+	}
+	return s
+}
+
+// allowed reports whether key is on the rule's allowlist.
+func (c *compiledRule) allowed(key string) bool {
+	if _, ok := c.allow[key]; ok {
+		return true
+	}
+	if len(c.AllowCIDRs) == 0 {
+		return false
+	}
+	for part := range strings.SplitSeq(key, "|") {
+		ip, ok := strings.CutPrefix(part, "ip:")
+		if !ok {
+			continue
+		}
+		var p netip.Prefix
+		if a, err := netip.ParseAddr(ip); err == nil {
+			p = netip.PrefixFrom(a, a.BitLen())
+		} else if p, err = netip.ParsePrefix(ip); err != nil {
+			continue
+		}
+		for _, n := range c.AllowCIDRs {
+			if n.Bits() <= p.Bits() && n.Contains(p.Addr()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matches reports whether the rule applies to a request with this method and
+// cleaned path.
+func (c *compiledRule) matches(method, cleanPath string) bool {
+	if c.methods != 0 || len(c.other) > 0 {
+		ok := false
+		for i, k := range knownMethods {
+			if c.methods&(1<<i) != 0 && k == method {
+				ok = true
+				break
+			}
+		}
+		for _, o := range c.other {
+			ok = ok || o == method
+		}
+		if !ok {
+			return false
+		}
+	}
+	return c.match.matches(cleanPath)
+}
+
+// matcher matches cleaned paths against a pattern split into segments.
+type matcher struct {
+	all      bool
+	segs     []string // "" stands for any one segment
+	wildcard bool     // the pattern ends in /*
+}
+
+func compileMatcher(p string) (matcher, error) {
+	if p == "" || p == "/*" || p == "*" {
+		return matcher{all: true}, nil
+	}
+	if !strings.HasPrefix(p, "/") {
+		return matcher{}, fmt.Errorf("path %q must start with /", p)
+	}
+	var m matcher
+	rest := p[1:]
+	if strings.HasSuffix(rest, "/*") || rest == "*" {
+		m.wildcard = true
+		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "*"), "/")
+	}
+	if rest == "" {
+		return m, nil
+	}
+	for _, s := range strings.Split(rest, "/") {
+		switch {
+		case s == "*" || (strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && len(s) > 2):
+			m.segs = append(m.segs, "")
+		case s == "" || s == "." || s == ".." || strings.ContainsAny(s, "*{}"):
+			return matcher{}, fmt.Errorf("path %q: bad segment %q", p, s)
+		default:
+			m.segs = append(m.segs, s)
+		}
+	}
+	return m, nil
+}
+
+func (m *matcher) matches(p string) bool {
+	if m.all {
+		return true
+	}
+	rest := strings.TrimPrefix(p, "/")
+	for _, want := range m.segs {
+		if rest == "" {
+			return false
+		}
+		seg, tail, _ := strings.Cut(rest, "/")
+		if want != "" && seg != want {
+			return false
+		}
+		rest = tail
+	}
+	return rest == "" || m.wildcard
+}
+
+// cleanPath returns p as the rules see it: rooted, without dot segments,
+// doubled or trailing slashes. It allocates only when p is not clean.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] == '/' && !strings.Contains(p, "//") && !strings.Contains(p, "/.") && (len(p) == 1 || p[len(p)-1] != '/') {
+		return p
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	return path.Clean(p)
+}
