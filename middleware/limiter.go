@@ -217,9 +217,19 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 }
 
 func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	b := l.cfg.breaker
+	if b != nil && !b.allow() {
+		return false, errBreakerOpen
+	}
 	ok, err := l.cfg.store.Take(ctx, now, charges, out)
 	if err != nil {
+		if b != nil {
+			b.failure()
+		}
 		return false, fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	if b != nil {
+		b.success()
 	}
 	return ok, nil
 }
@@ -227,7 +237,9 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 // storeFailed applies the failure policy to a store error. s still holds
 // the request's charges, so a local fallback can decide them.
 func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, err error) (Result, error) {
-	l.cfg.report(r, err)
+	if !errors.Is(err, ErrBreakerOpen) { // WithOnBreakerChange reports those
+		l.cfg.report(r, err)
+	}
 	switch l.cfg.failure {
 	case FailClosed:
 		return Result{}, err

@@ -74,12 +74,19 @@ type config struct {
 	hookErr  func(keyfunc.Request, error)
 	hookDec  func(keyfunc.Request, Result)
 	errs     []error
+
+	breakerFailures int
+	breakerCooldown time.Duration
+	onBreaker       func(open bool)
+	breaker         *breaker
 }
 
 func defaultConfig() config {
 	return config{
-		deny:    http.HandlerFunc(DefaultDenyHandler),
-		onError: DefaultErrorHandler,
+		deny:            http.HandlerFunc(DefaultDenyHandler),
+		onError:         DefaultErrorHandler,
+		breakerFailures: DefaultBreakerFailures,
+		breakerCooldown: DefaultBreakerCooldown,
 	}
 }
 
@@ -102,6 +109,8 @@ func (c *config) finish() error {
 		return err
 	}
 	if c.store == nil {
+		// The in-memory store does not fail, so it needs no breaker.
+		c.breakerFailures = 0
 		s, err := NewMemoryStore(MemoryConfig{Now: c.clock})
 		if err != nil {
 			return err
@@ -117,6 +126,7 @@ func (c *config) finish() error {
 		c.fallback = s
 		c.owned = append(c.owned, s.(interface{ Close() error }))
 	}
+	c.breaker = c.newBreaker()
 	return nil
 }
 

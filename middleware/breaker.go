@@ -1,0 +1,116 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// ErrBreakerOpen is the error a Limiter reports, wrapped in ErrStore, for
+// requests decided without the store while its circuit breaker is open.
+var ErrBreakerOpen = errors.New("circuit breaker open")
+
+// breaker stops calling a failing store for a while, so requests are not
+// held up by a store that is down or timing out: after threshold failures
+// in a row it opens for cooldown, during which the failure policy answers at
+// once; then one request probes the store, closing the breaker if it
+// succeeds and opening it again if not.
+type breaker struct {
+	threshold int64
+	cooldown  int64 // nanoseconds
+	now       func() time.Time
+	onChange  func(open bool)
+
+	failures  atomic.Int64
+	openUntil atomic.Int64 // Unix nanoseconds; 0 when closed
+	probing   atomic.Bool
+}
+
+// allow reports whether the store may be called now.
+func (b *breaker) allow() bool {
+	until := b.openUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if b.now().UnixNano() < until {
+		return false
+	}
+	// Half-open: one request at a time probes the store.
+	return b.probing.CompareAndSwap(false, true)
+}
+
+func (b *breaker) success() {
+	if b.failures.Load() != 0 {
+		b.failures.Store(0)
+	}
+	if b.openUntil.Load() != 0 {
+		b.openUntil.Store(0)
+		b.probing.Store(false)
+		b.changed(false)
+	}
+}
+
+func (b *breaker) failure() {
+	n := b.failures.Add(1)
+	if b.probing.Load() {
+		b.openUntil.Store(b.now().UnixNano() + b.cooldown)
+		b.probing.Store(false)
+		return
+	}
+	if n == b.threshold {
+		b.openUntil.Store(b.now().UnixNano() + b.cooldown)
+		b.changed(true)
+	}
+}
+
+func (b *breaker) changed(open bool) {
+	if b.onChange != nil {
+		b.onChange(open)
+	}
+}
+
+// Defaults of the circuit breaker.
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = time.Second
+)
+
+// WithBreaker sets the store's circuit breaker: after failures consecutive
+// store errors the limiter stops calling the store for cooldown and applies
+// the failure policy at once, then lets one request probe the store. The
+// default is 5 failures and one second; failures = 0 turns the breaker off,
+// so that every request waits for the store (up to its timeout).
+func WithBreaker(failures int, cooldown time.Duration) Option {
+	return func(c *config) {
+		if failures < 0 || failures > 0 && cooldown <= 0 {
+			c.errorf("WithBreaker: want failures >= 0 and cooldown > 0, got %d and %v", failures, cooldown)
+		}
+		c.breakerFailures, c.breakerCooldown = failures, cooldown
+	}
+}
+
+// WithOnBreakerChange calls fn when the circuit breaker opens (true: the
+// store is being bypassed and the failure policy decides) and when it closes
+// again. Use it to log or alert on store outages.
+func WithOnBreakerChange(fn func(open bool)) Option {
+	return func(c *config) { c.onBreaker = fn }
+}
+
+func (c *config) newBreaker() *breaker {
+	if c.breakerFailures == 0 {
+		return nil
+	}
+	now := c.clock
+	if now == nil {
+		now = time.Now
+	}
+	return &breaker{
+		threshold: int64(c.breakerFailures),
+		cooldown:  int64(c.breakerCooldown),
+		now:       now,
+		onChange:  c.onBreaker,
+	}
+}
+
+var errBreakerOpen = fmt.Errorf("%w: %w", ErrStore, ErrBreakerOpen)
