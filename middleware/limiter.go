@@ -198,14 +198,18 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 			res = s.result(allowed, s.charges, s.decisions, s.metas)
 		}
 	}
-	if len(s.shadow) > 0 {
+	// A request the enforced rules deny is charged to no rule, shadow
+	// rules included.
+	if len(s.shadow) > 0 && res.Allowed {
 		s.shadowDec = grow(s.shadowDec, len(s.shadow))
 		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
 		if err != nil {
 			l.cfg.report(r, err)
 		} else if !allowed {
 			res.Shadowed = true
-			l.cfg.observe(r, s.result(false, s.shadow, s.shadowDec, s.shadowMetas))
+			sr := s.result(false, s.shadow, s.shadowDec, s.shadowMetas)
+			sr.Allowed, sr.Shadowed, sr.RetryAfter = true, true, 0
+			l.cfg.observe(r, sr)
 		}
 	}
 	if l.cfg.shadow && !res.Allowed {
@@ -297,6 +301,11 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
 			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		for _, prev := range nominal[:i] {
+			if prev.Window == lim.Window {
+				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one counter per window", c.Name, lim.Window)
+			}
 		}
 		eff, err := withOverage(lim, c.Overage)
 		if err != nil {

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"path"
@@ -30,7 +31,9 @@ type Rule struct {
 	// segment in place of {id}.
 	Path string
 
-	// Methods, when not empty, limits the rule to these HTTP methods.
+	// Methods, when not empty, limits the rule to these HTTP methods. A
+	// rule for GET also matches HEAD, which net/http serves with the GET
+	// handler.
 	Methods []string
 
 	// Key says who a request is counted against. Required.
@@ -158,6 +161,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 			c.other = append(c.other, meth)
 		}
 	}
+	if c.methods&(1<<0) != 0 { // GET
+		c.methods |= 1 << 1 // HEAD
+	}
 	windows := map[time.Duration]bool{}
 	for _, l := range c.Limits {
 		if err := l.Validate(); err != nil {
@@ -193,7 +199,9 @@ func withOverage(l Limit, o float64) (Limit, error) {
 	if o == 0 {
 		return l, nil
 	}
-	l.Requests += int(float64(l.Requests) * o)
+	// The epsilon keeps 100 * 0.29 = 28.999999999999996 from truncating
+	// to 28.
+	l.Requests += int(math.Floor(float64(l.Requests)*o + 1e-9))
 	if err := l.Validate(); err != nil {
 		return l, fmt.Errorf("with overage: %v", err)
 	}

@@ -1,0 +1,747 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// maxNodes bounds the number of YAML nodes of a file, counting each alias as
+// the nodes it refers to, so that a file of nested aliases (a "billion
+// laughs") cannot make the loader walk an exponential tree.
+const maxNodes = 1 << 17
+
+// The fields of each mapping of the schema, in the order error messages
+// list them.
+var (
+	rootFields  = []string{"rules", "headers", "shadow", "allow"}
+	ruleFields  = []string{"name", "match", "key", "limits", "cost", "overage", "shadow", "allow", "plans"}
+	matchFields = []string{"path", "methods"}
+	limitFields = []string{"requests", "window"}
+	allowFields = []string{"cidrs", "keys"}
+)
+
+var (
+	ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	planNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+)
+
+// standardMethods are the methods a rule may name.
+var standardMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
+}
+
+// decoder turns the nodes of a rules file into a Config, collecting errors
+// as it goes.
+type decoder struct {
+	file  string
+	env   *Env
+	errs  []*Error
+	nerrs int
+	keys  keyCache
+}
+
+// errorf records a problem at node n in field.
+func (d *decoder) errorf(n *yaml.Node, field, format string, args ...any) {
+	d.nerrs++
+	d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// ok reports whether no error was recorded since there were n.
+func (d *decoder) ok(n int) bool { return d.nerrs == n }
+
+// err returns the recorded errors in the order of their lines, at most
+// maxErrors of them, or nil.
+func (d *decoder) err() error {
+	if len(d.errs) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(d.errs, func(a, b *Error) int { return a.Line - b.Line })
+	var errs []error
+	for i, e := range d.errs {
+		if i == maxErrors {
+			errs = append(errs, &Error{File: d.file, Msg: fmt.Sprintf("%d more errors", len(d.errs)-maxErrors)})
+			break
+		}
+		errs = append(errs, e)
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+// root decodes the top-level mapping.
+func (d *decoder) root(n *yaml.Node) *Config {
+	cfg := &Config{File: d.file}
+	if err := checkSize(n); err != "" {
+		d.errorf(n, "", "%s", err)
+		return cfg
+	}
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "", "want a mapping with rules, got %s", describe(n))
+		return cfg
+	}
+	var rules, allow *yaml.Node
+	d.fields(n, "", rootFields, func(key string, v *yaml.Node) {
+		switch key {
+		case "rules":
+			rules = v
+		case "headers":
+			if s, ok := d.str(v, "headers"); ok {
+				style, err := headers.ParseStyle(s)
+				if err != nil {
+					d.errorf(v, "headers", "unknown style %q (want both, legacy, draft or none)", s)
+				}
+				cfg.HeaderStyle, cfg.headersLine = style, v.Line
+			}
+		case "shadow":
+			cfg.Shadow, _ = d.bool(v, "shadow")
+		case "allow":
+			allow = v
+		}
+	})
+	var global allowList
+	if allow != nil {
+		global = d.allow(allow, "allow")
+	}
+	if rules == nil {
+		d.errorf(n, "rules", "required")
+		return cfg
+	}
+	if !d.seq(rules, "rules") {
+		return cfg
+	}
+	if len(rules.Content) == 0 {
+		d.errorf(rules, "rules", "empty: want at least one rule")
+		return cfg
+	}
+	names := map[string]int{}
+	for i, rn := range rules.Content {
+		path := "rules[" + strconv.Itoa(i) + "]"
+		r, nameNode, ok := d.rule(resolve(rn), path, &global, cfg.Shadow)
+		if nameNode != nil {
+			if line, dup := names[r.Name]; dup {
+				d.errorf(nameNode, path+".name", "%q used twice (first at line %d)", r.Name, line)
+				ok = false
+			} else {
+				names[r.Name] = nameNode.Line
+			}
+		}
+		if ok {
+			cfg.Rules = append(cfg.Rules, r)
+		}
+	}
+	return cfg
+}
+
+// rule decodes one rule. It returns the name's node (nil when the name is
+// missing or bad) and whether the rule is valid.
+func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool) (middleware.Rule, *yaml.Node, bool) {
+	r := middleware.Rule{Shadow: shadow}
+	start := d.nerrs
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping, got %s", describe(n))
+		return r, nil, false
+	}
+	var nameNode, keyNode, limitsNode, costNode, overageNode, plansNode *yaml.Node
+	var allow allowList
+	var key keyExpr
+	var limits []middleware.Limit
+	var plans map[string][]middleware.Limit
+	d.fields(n, path, ruleFields, func(field string, v *yaml.Node) {
+		fpath := path + "." + field
+		switch field {
+		case "name":
+			s, ok := d.str(v, fpath)
+			if !ok {
+				return
+			}
+			if !ruleNameRE.MatchString(s) {
+				d.errorf(v, fpath, "bad name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", s)
+				return
+			}
+			r.Name, nameNode = s, v
+		case "match":
+			r.Path, r.Methods = d.match(v, fpath)
+		case "key":
+			s, ok := d.str(v, fpath)
+			if !ok {
+				return
+			}
+			k, err := d.keys.parse(s, d.env)
+			if err != nil {
+				d.errorf(v, fpath, "%v", err)
+				return
+			}
+			key, keyNode, r.Key = k, v, k.fn
+		case "limits":
+			limits, limitsNode = d.limits(v, fpath), v
+		case "cost":
+			if c, ok := d.int(v, fpath); ok {
+				if c < 1 {
+					d.errorf(v, fpath, "%d must be at least 1", c)
+					return
+				}
+				r.Cost, costNode = c, v
+			}
+		case "overage":
+			if o, ok := d.float(v, fpath); ok {
+				if !(o >= 0 && o <= 10) {
+					d.errorf(v, fpath, "%g must be between 0 and 10 (a fraction: 0.1 admits 10%% more)", o)
+					return
+				}
+				r.Overage, overageNode = o, v
+			}
+		case "shadow":
+			if b, ok := d.bool(v, fpath); ok {
+				r.Shadow = r.Shadow || b
+			}
+		case "allow":
+			allow = d.allow(v, fpath)
+		case "plans":
+			plans, plansNode = d.plans(v, fpath), v
+		}
+	})
+	if nameNode == nil && d.ok(start) {
+		d.errorf(n, path+".name", "required")
+	}
+	if keyNode == nil && d.ok(start) {
+		d.errorf(n, path+".key", "required")
+	}
+	if limitsNode == nil && d.ok(start) {
+		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans)")
+	}
+	if !d.ok(start) {
+		return r, nameNode, false
+	}
+	r.Limits = limits
+
+	// Checks that span fields.
+	d.checkLimits(limits, limitsNode, path+".limits", r.Cost, costNode, r.Overage, overageNode, path)
+	for _, name := range sortedKeys(plans) {
+		d.checkLimits(plans[name], plansNode, path+".plans."+name, r.Cost, costNode, r.Overage, overageNode, path)
+	}
+	if plansNode != nil {
+		if d.env.Plan == nil {
+			d.errorf(plansNode, path+".plans", "the program supplies no Env.Plan to choose a plan")
+		} else {
+			r.LimitsFunc = plansFunc(d.env.Plan, plans, limits)
+		}
+	}
+	if len(allow.cidrs) > 0 && !key.mayHaveIP {
+		d.errorf(allow.cidrsNode, path+".allow.cidrs", "key %q has no address to check the CIDRs against", keyNode.Value)
+	}
+	r.AllowCIDRs = append(slices.Clone(global.cidrs), allow.cidrs...)
+	r.AllowKeys = append(slices.Clone(global.keys), allow.keys...)
+	return r, nameNode, d.ok(start)
+}
+
+// checkLimits checks the limits of a rule (or of one of its plans) against
+// its cost and overage.
+func (d *decoder) checkLimits(limits []middleware.Limit, at *yaml.Node, field string, cost int, costNode *yaml.Node, overage float64, overageNode *yaml.Node, path string) {
+	for i, l := range limits {
+		if cost > l.Requests {
+			d.errorf(costNode, path+".cost", "%d exceeds %s[%d] (%d per %s): no request could ever pass", cost, field, i, l.Requests, formatDuration(l.Window))
+		}
+		if overage > 0 {
+			// Rounded up, so that the check is at least as strict as the
+			// Limiter's, whichever way it rounds.
+			eff := l
+			eff.Requests += int(math.Ceil(float64(l.Requests) * overage))
+			if eff.Validate() != nil {
+				d.errorf(overageNode, path+".overage", "%g makes %s[%d] too large: requests * window must not exceed 2^50 ms", overage, field, i)
+			}
+		}
+	}
+}
+
+// plansFunc returns a Rule.LimitsFunc that looks up the plan of a request in
+// plans, falling back to def.
+func plansFunc(plan func(keyfunc.Request, string) string, plans map[string][]middleware.Limit, def []middleware.Limit) func(keyfunc.Request, string) []middleware.Limit {
+	return func(r keyfunc.Request, key string) []middleware.Limit {
+		if l, ok := plans[plan(r, key)]; ok {
+			return l
+		}
+		return def
+	}
+}
+
+// match decodes a rule's match field.
+func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) {
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping such as {path: /api/*, methods: [GET]}, got %s", describe(n))
+		return "", nil
+	}
+	d.fields(n, path, matchFields, func(field string, v *yaml.Node) {
+		fpath := path + "." + field
+		switch field {
+		case "path":
+			s, ok := d.str(v, fpath)
+			if !ok {
+				return
+			}
+			if err := checkPath(s); err != "" {
+				d.errorf(v, fpath, "%s", err)
+				return
+			}
+			p = s
+		case "methods":
+			if !d.seq(v, fpath) {
+				return
+			}
+			if len(v.Content) == 0 {
+				d.errorf(v, fpath, "empty: leave methods out to match every method")
+				return
+			}
+			for i, mn := range v.Content {
+				mn = resolve(mn)
+				ipath := fpath + "[" + strconv.Itoa(i) + "]"
+				s, ok := d.str(mn, ipath)
+				if !ok {
+					continue
+				}
+				m := strings.ToUpper(s)
+				switch {
+				case !slices.Contains(standardMethods, m):
+					d.errorf(mn, ipath, "unknown method %q (want %s)", s, strings.Join(standardMethods, ", "))
+				case slices.Contains(methods, m):
+					d.errorf(mn, ipath, "%s listed twice", m)
+				default:
+					methods = append(methods, m)
+				}
+			}
+		}
+	})
+	return p, methods
+}
+
+// checkPath reports what is wrong with a path pattern, as the Limiter would
+// reject it, or "".
+func checkPath(p string) string {
+	if p == "" || p == "/*" || p == "*" {
+		return ""
+	}
+	if !strings.HasPrefix(p, "/") {
+		return fmt.Sprintf("%q must start with /", p)
+	}
+	rest := p[1:]
+	if strings.HasSuffix(rest, "/*") || rest == "*" {
+		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "*"), "/")
+	}
+	if rest == "" {
+		return ""
+	}
+	for seg := range strings.SplitSeq(rest, "/") {
+		switch {
+		case seg == "*" || len(seg) > 2 && seg[0] == '{' && seg[len(seg)-1] == '}' && !strings.ContainsAny(seg[1:len(seg)-1], "{}*"):
+		case seg == "":
+			return fmt.Sprintf("%q has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes", p)
+		case seg == "." || seg == "..":
+			return fmt.Sprintf("%q has a %q segment: requests are matched by their cleaned path, without dot segments", p, seg)
+		case strings.ContainsAny(seg, "*{}"):
+			return fmt.Sprintf("%q: bad segment %q: * and {name} stand for whole segments", p, seg)
+		}
+	}
+	return ""
+}
+
+// limits decodes a list of limits.
+func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
+	if !d.seq(n, path) {
+		return nil
+	}
+	if len(n.Content) == 0 {
+		d.errorf(n, path, "empty: want at least one {requests: N, window: D}")
+		return nil
+	}
+	var out []middleware.Limit
+	windows := map[time.Duration]int{}
+	for i, ln := range n.Content {
+		ln = resolve(ln)
+		ipath := path + "[" + strconv.Itoa(i) + "]"
+		if ln.Kind != yaml.MappingNode {
+			d.errorf(ln, ipath, "want a mapping such as {requests: 100, window: 1m}, got %s", describe(ln))
+			continue
+		}
+		start := d.nerrs
+		var l middleware.Limit
+		var reqNode, winNode *yaml.Node
+		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
+			fpath := ipath + "." + field
+			switch field {
+			case "requests":
+				if r, ok := d.int(v, fpath); ok {
+					if r <= 0 {
+						d.errorf(v, fpath, "%d must be at least 1", r)
+						return
+					}
+					l.Requests, reqNode = r, v
+				}
+			case "window":
+				if w, ok := d.duration(v, fpath); ok {
+					l.Window, winNode = w, v
+				}
+			}
+		})
+		if reqNode == nil && d.ok(start) {
+			d.errorf(ln, ipath+".requests", "required")
+		}
+		if winNode == nil && d.ok(start) {
+			d.errorf(ln, ipath+".window", "required")
+		}
+		if !d.ok(start) {
+			continue
+		}
+		if l.Validate() != nil {
+			d.errorf(reqNode, ipath+".requests", "%d per %s is too large: requests * window must not exceed 2^50 ms", l.Requests, formatDuration(l.Window))
+			continue
+		}
+		if line, dup := windows[l.Window]; dup {
+			d.errorf(winNode, ipath+".window", "%s used twice (first at line %d): one limit per window", formatDuration(l.Window), line)
+			continue
+		}
+		windows[l.Window] = winNode.Line
+		out = append(out, l)
+	}
+	return out
+}
+
+// plans decodes a rule's plans.
+func (d *decoder) plans(n *yaml.Node, path string) map[string][]middleware.Limit {
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping of plan names to limits, got %s", describe(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		d.errorf(n, path, "empty: leave plans out when the rule has none")
+		return nil
+	}
+	plans := map[string][]middleware.Limit{}
+	d.fields(n, path, nil, func(name string, v *yaml.Node) {
+		fpath := path + "." + name
+		if !planNameRE.MatchString(name) {
+			d.errorf(v, fpath, "bad plan name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", name)
+			return
+		}
+		if l := d.limits(v, fpath); l != nil {
+			plans[name] = l
+		}
+	})
+	return plans
+}
+
+// allowList is a decoded allow field.
+type allowList struct {
+	cidrs     []netip.Prefix
+	keys      []string
+	cidrsNode *yaml.Node
+}
+
+// allow decodes an allow field.
+func (d *decoder) allow(n *yaml.Node, path string) allowList {
+	var a allowList
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping such as {cidrs: [203.0.113.0/24], keys: [\"user:ops\"]}, got %s", describe(n))
+		return a
+	}
+	d.fields(n, path, allowFields, func(field string, v *yaml.Node) {
+		fpath := path + "." + field
+		if !d.seq(v, fpath) {
+			return
+		}
+		for i, item := range v.Content {
+			item = resolve(item)
+			ipath := fpath + "[" + strconv.Itoa(i) + "]"
+			s, ok := d.str(item, ipath)
+			if !ok {
+				continue
+			}
+			switch field {
+			case "cidrs":
+				p, err := parseCIDR(s)
+				if err != "" {
+					d.errorf(item, ipath, "%s", err)
+					continue
+				}
+				a.cidrs, a.cidrsNode = append(a.cidrs, p), v
+			case "keys":
+				if s == "" {
+					d.errorf(item, ipath, "empty key")
+					continue
+				}
+				a.keys = append(a.keys, s)
+			}
+		}
+	})
+	return a
+}
+
+// parseCIDR parses an allowlisted network: a prefix in canonical form or a
+// single address.
+func parseCIDR(s string) (netip.Prefix, string) {
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return p, fmt.Sprintf("bad CIDR %q", s)
+		}
+		if m := p.Masked(); m != p {
+			return p, fmt.Sprintf("CIDR %q has host bits set: write %s, or %s/%d for the one address", s, m, p.Addr(), p.Addr().BitLen())
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return p, fmt.Sprintf("bad CIDR %q: want a network such as 203.0.113.0/24 or an address", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return p, fmt.Sprintf("CIDR %q is IPv4-mapped: clients are keyed by their IPv4 address, so write the IPv4 network", s)
+	}
+	return p, ""
+}
+
+// fields walks the mapping n, calling fn with each key and (alias-resolved)
+// value. It reports unknown fields, duplicate keys and keys that are not
+// strings. A nil known accepts every key.
+func (d *decoder) fields(n *yaml.Node, path string, known []string, fn func(key string, v *yaml.Node)) {
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!null" {
+			d.errorf(k, path, "key %s is not a name", describe(k))
+			continue
+		}
+		fpath := k.Value
+		if path != "" {
+			fpath = path + "." + k.Value
+		}
+		if k.ShortTag() == "!!merge" {
+			d.errorf(k, fpath, "merge keys are not supported")
+			continue
+		}
+		if line, dup := seen[k.Value]; dup {
+			d.errorf(k, fpath, "defined twice (first at line %d)", line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		if known != nil && !slices.Contains(known, k.Value) {
+			d.errorf(k, fpath, "unknown field (want %s)", strings.Join(known, ", "))
+			continue
+		}
+		fn(k.Value, v)
+	}
+}
+
+// seq reports whether n is a sequence, recording an error if it is not.
+func (d *decoder) seq(n *yaml.Node, path string) bool {
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, path, "want a list, got %s", describe(n))
+		return false
+	}
+	return true
+}
+
+// str decodes a string. Plain numbers and booleans are taken as written.
+func (d *decoder) str(n *yaml.Node, path string) (string, bool) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" || n.ShortTag() == "!!binary" {
+		d.errorf(n, path, "want a string, got %s", describe(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+// int decodes an integer.
+func (d *decoder) int(n *yaml.Node, path string) (int, bool) {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
+		d.errorf(n, path, "want an integer, got %s", describe(n))
+		return 0, false
+	}
+	if int64(int(v)) != v {
+		d.errorf(n, path, "%s is too large", n.Value)
+		return 0, false
+	}
+	return int(v), true
+}
+
+// float decodes a number.
+func (d *decoder) float(n *yaml.Node, path string) (float64, bool) {
+	var v float64
+	if n.Kind != yaml.ScalarNode || (n.ShortTag() != "!!int" && n.ShortTag() != "!!float") || n.Decode(&v) != nil {
+		d.errorf(n, path, "want a number, got %s", describe(n))
+		return 0, false
+	}
+	return v, true
+}
+
+// bool decodes true or false.
+func (d *decoder) bool(n *yaml.Node, path string) (bool, bool) {
+	var v bool
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&v) != nil {
+		d.errorf(n, path, "want true or false, got %s", describe(n))
+		return false, false
+	}
+	return v, true
+}
+
+// duration decodes a window: a Go duration or a whole number of days,
+// positive and a whole number of milliseconds.
+func (d *decoder) duration(n *yaml.Node, path string) (time.Duration, bool) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		if n.Kind == yaml.ScalarNode && (n.ShortTag() == "!!int" || n.ShortTag() == "!!float") {
+			d.errorf(n, path, "bad duration %s: want a unit, as in %ss", n.Value, n.Value)
+		} else {
+			d.errorf(n, path, "want a duration such as 1m, got %s", describe(n))
+		}
+		return 0, false
+	}
+	w, err := parseDuration(n.Value)
+	if err != "" {
+		d.errorf(n, path, "%s", err)
+		return 0, false
+	}
+	return w, true
+}
+
+// maxDays is the most days a time.Duration holds.
+const maxDays = int64(1<<63-1) / int64(24*time.Hour)
+
+// parseDuration parses a window.
+func parseDuration(s string) (time.Duration, string) {
+	var w time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok && days != "" && strings.Trim(days, "0123456789") == "" {
+		n, err := strconv.ParseInt(days, 10, 64)
+		if err != nil || n > maxDays {
+			return 0, fmt.Sprintf("bad duration %q: too long", s)
+		}
+		w = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if w, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Sprintf("bad duration %q", s)
+		}
+	}
+	switch {
+	case w <= 0:
+		return 0, fmt.Sprintf("duration %q must be positive", s)
+	case w%time.Millisecond != 0:
+		return 0, fmt.Sprintf("duration %q is not a whole number of milliseconds", s)
+	}
+	return w, ""
+}
+
+// formatDuration formats a window as a file would: 1m rather than 1m0s.
+func formatDuration(d time.Duration) string {
+	if d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	s := d.String()
+	s = strings.Replace(s, "m0s", "m", 1)
+	s = strings.Replace(s, "h0m", "h", 1)
+	return s
+}
+
+// describe names what a node is, for error messages.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "nothing"
+		case "!!str":
+			return strconv.Quote(truncate(n.Value))
+		case "!!bool":
+			return "boolean " + n.Value
+		case "!!int", "!!float":
+			return "number " + truncate(n.Value)
+		}
+		return "a " + truncate(n.ShortTag()) + " value"
+	}
+	return "an unexpected YAML node"
+}
+
+// truncate shortens s for an error message.
+func truncate(s string) string {
+	const max = 40
+	if len(s) <= max {
+		return s
+	}
+	return strings.ToValidUTF8(s[:max], "") + "..."
+}
+
+// resolve returns the node an alias refers to, or n itself.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+// checkSize reports whether the tree at n, with aliases expanded, is too
+// large or recursive, or "".
+func checkSize(n *yaml.Node) string {
+	memo := map[*yaml.Node]int{}
+	active := map[*yaml.Node]bool{}
+	var size func(*yaml.Node) (int, string)
+	size = func(n *yaml.Node) (int, string) {
+		if n.Kind == yaml.AliasNode {
+			if n.Alias == nil {
+				return 0, "alias to nothing"
+			}
+			n = n.Alias
+		}
+		if s, ok := memo[n]; ok {
+			return s, ""
+		}
+		if active[n] {
+			return 0, "an alias refers to a node that contains it"
+		}
+		active[n] = true
+		total := 1
+		for _, c := range n.Content {
+			s, err := size(c)
+			if err != "" {
+				return 0, err
+			}
+			if total += s; total > maxNodes {
+				return 0, fmt.Sprintf("more than %d values once aliases are expanded", maxNodes)
+			}
+		}
+		delete(active, n)
+		memo[n] = total
+		return total, ""
+	}
+	_, err := size(n)
+	return err
+}
+
+// sortedKeys returns the keys of m in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,100 @@
+// Package config loads a Limiter's rules from a YAML (or JSON) file and
+// reloads them while the server runs.
+//
+// A file lists rules; each says which requests it matches, who they are
+// counted against and how much they may do:
+//
+//	rules:
+//	  - name: api
+//	    match: {path: "/api/*"}
+//	    key: user_or_ip
+//	    limits: [{requests: 100, window: 1m}]
+//	  - name: login
+//	    match: {path: "/api/login", methods: [POST]}
+//	    key: ip
+//	    limits: [{requests: 5, window: 5m}]
+//
+// Every rule that matches a request applies, as with middleware.Rule, which
+// each rule of the file becomes. The whole schema, field by field:
+//
+//	headers: both          # optional: both (default), legacy, draft or none
+//	shadow: false          # optional: true makes every rule a shadow rule
+//	allow:                 # optional: never limited by any rule
+//	  cidrs: [203.0.113.0/24, 2001:db8::/32]
+//	  keys: ["user:ops"]
+//	rules:                 # required, at least one
+//	  - name: uploads      # required, [A-Za-z0-9_.-]{1,64}, unique
+//	    match:             # optional; without it the rule matches everything
+//	      path: /upload/*  # "", "/*", "/exact", "/prefix/*", "/users/{id}/posts"
+//	      methods: [POST]  # optional, standard methods only, any case
+//	    key: user_or_ip    # required, see below
+//	    limits:            # required, one limit per window
+//	      - {requests: 20, window: 1h}
+//	    cost: 1            # optional, units each request consumes (>= 1)
+//	    overage: 0.1       # optional, fraction admitted over each limit (0 to 10)
+//	    shadow: false      # optional, count and report but never deny
+//	    allow: {cidrs: [], keys: []}   # optional, merged with the top-level allow
+//	    plans:             # optional, limits per plan (Env.Plan names the plan)
+//	      pro: [{requests: 200, window: 1h}]
+//
+// Windows are Go durations ("500ms", "1m", "1h30m") or whole days ("1d"),
+// positive and a whole number of milliseconds. Requests and cost are
+// integers; a quoted number is an error. Cost may not exceed any limit of the
+// rule or of its plans: such a rule could never admit a request.
+//
+// # Keys
+//
+// The key names who a request is counted against. The names are those of
+// the keyfunc built-ins, set up from the Env the program supplies:
+//
+//   - ip: the client address: keyfunc.RemoteIP, or keyfunc.ClientIP when
+//     Env.TrustedProxies is set.
+//   - user_id: keyfunc.User(Env.User); Env.User is required.
+//   - api_key: keyfunc.APIKey(Env.APIKeyHeader, Env.APIKeySecret).
+//   - header:<Name>: keyfunc.Header(Name), as in header:X-Tenant.
+//   - route, method, global: keyfunc.Route, keyfunc.Method, keyfunc.Global.
+//   - user_or_ip: the user if authenticated, else the address; the same as
+//     user_id|ip.
+//   - any name in Env.Keys, which may also replace a built-in name.
+//
+// Names combine: a|b is keyfunc.First(a, b), the first that finds a key
+// (api_key|ip), and a+b is keyfunc.Join(a, b), a counter per combination
+// (ip+route). | binds tighter than +, so user_id|ip+route counts each user,
+// or else each address, per route. Header names in key expressions cannot
+// contain '+' or '|'.
+//
+// A request for which a rule finds no key (an anonymous request under
+// user_id, a missing API key) is answered by the Limiter's NoKeyPolicy: 400
+// by default. Fall back to the address (user_or_ip, api_key|ip) to limit
+// such requests instead.
+//
+// # Plans
+//
+// A rule with plans gets a Rule.LimitsFunc that calls Env.Plan with the
+// request and its key and returns that plan's limits, from memory; the
+// rule's limits apply to every request whose plan has no entry (the default
+// plan). Counters are kept per rule, key and window, so a client whose plan
+// changes keeps its count for the windows both plans share.
+//
+// # Errors
+//
+// Parse and Load reject anything they do not understand, naming the file,
+// the line and the field:
+//
+//	rules.yaml:7: rules[1].limits[0].window: bad duration "5x"
+//	rules.yaml:3: rules[0].kye: unknown field (want name, match, key, ...)
+//
+// The error is an *Error, or several joined with errors.Join when the file
+// has more than one problem; errors.As finds the first.
+//
+// # Reloading
+//
+// A Reloader re-reads the file on request (Reload, say on SIGHUP) or when it
+// changes (Check, Watch), and swaps the rules of its Limiter with
+// middleware.Limiter.SetRules: requests in flight finish under the rules
+// they started with, and counters of rules whose name and windows did not
+// change carry on. A file that does not load is rejected with an error and
+// the rules in force stay. Only rules are reloaded: headers is a
+// construction-time setting of the Limiter, and a reload that changes it is
+// rejected, as is one that fails to load.
+package config

@@ -1,0 +1,192 @@
+package config
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// DefaultInterval is how often Watch checks the file when given no interval.
+const DefaultInterval = 2 * time.Second
+
+// racyWindow is how recent a file's modification time must be for Check to
+// distrust it: a file written twice within the resolution of the file
+// system's clock may change without its time or size changing, so Check
+// reads and hashes such a file every time.
+const racyWindow = 2 * time.Second
+
+// Reloader keeps a Limiter's rules in step with a rules file. Reload
+// re-reads the file on request (on SIGHUP, say); Check and Watch re-read it
+// when it changes. A file that does not load leaves the rules in force.
+//
+// A Reloader is safe for concurrent use; reloads are serialized.
+type Reloader struct {
+	lim  *middleware.Limiter
+	path string
+	env  Env
+
+	mu   sync.Mutex // serializes reloads; guards seen
+	seen state      // the file as last read, whether it loaded or not
+
+	cfg atomic.Pointer[Config] // the Config in force
+}
+
+// state identifies a version of the file.
+type state struct {
+	mod     time.Time
+	size    int64
+	sum     [sha256.Size]byte
+	trusted bool   // mod and size identify the contents (not racy)
+	statErr string // the error of the last failed stat, reported once
+}
+
+// Open loads the rules file at path, builds a Limiter from it and returns a
+// Reloader that keeps the Limiter's rules in step with the file. opts are
+// added to the file's own options (Config.Options) and win over them; the
+// file's rules are used as they are. Close the Limiter when done with it.
+//
+//	rl, err := config.Open("rules.yaml", env, middleware.WithStore(store))
+//	...
+//	go rl.Watch(ctx, 0, func(err error) { log.Printf("rules reloaded: %v", err) })
+//	handler := rl.Limiter().Handler(mux)
+func Open(path string, env Env, opts ...middleware.Option) (*Reloader, error) {
+	cfg, err := Load(path, env)
+	if err != nil {
+		return nil, err
+	}
+	lim, err := middleware.NewRules(cfg.Rules, append(cfg.Options(), opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	return NewReloader(lim, cfg, env), nil
+}
+
+// NewReloader returns a Reloader that keeps lim's rules in step with the
+// file cfg was loaded from (cfg.File), where lim was built from cfg (as Load
+// returned it) with middleware.NewRules. Use Open to do all three at once.
+//
+// env is what later versions of the file are parsed with; it should be the
+// one cfg was parsed with.
+func NewReloader(lim *middleware.Limiter, cfg *Config, env Env) *Reloader {
+	r := &Reloader{lim: lim, path: cfg.File, env: env}
+	r.seen.sum = cfg.sum
+	r.cfg.Store(cfg)
+	return r
+}
+
+// Limiter returns the Limiter whose rules r reloads.
+func (r *Reloader) Limiter() *middleware.Limiter { return r.lim }
+
+// Config returns the Config in force: the last one loaded successfully.
+func (r *Reloader) Config() *Config { return r.cfg.Load() }
+
+// Reload reads the file and, if it loads, replaces the Limiter's rules with
+// its rules (see middleware.Limiter.SetRules): requests in flight finish
+// under the rules they started with, and counters of rules whose name and
+// windows are unchanged carry on. If the file does not load, or changes a
+// setting that takes effect only when the Limiter is built (headers),
+// Reload returns the error and the rules in force stay.
+//
+// Reload reads the file even when it has not changed; it suits a reload on
+// SIGHUP.
+func (r *Reloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fi, err := os.Stat(r.path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	data, err := readFile(r.path)
+	if err != nil {
+		return err
+	}
+	return r.apply(fi, data)
+}
+
+// Check reloads the file if it changed since it was last read (by Open,
+// Reload or Check), and reports whether it tried. A change is noticed by the
+// file's modification time and size and, when they are recent or
+// unchanged, by a hash of its contents. An error is returned once per
+// version of the file: a file that did not load is not retried until it
+// changes again.
+func (r *Reloader) Check() (reloaded bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fi, err := os.Stat(r.path)
+	if err != nil {
+		// Editors that replace the file may leave it missing for a moment;
+		// report the error once, and reload when it is back.
+		msg := err.Error()
+		if r.seen.statErr == msg {
+			return false, nil
+		}
+		r.seen.statErr, r.seen.trusted = msg, false
+		return true, fmt.Errorf("config: %w", err)
+	}
+	r.seen.statErr = ""
+	if r.seen.trusted && fi.ModTime().Equal(r.seen.mod) && fi.Size() == r.seen.size {
+		return false, nil
+	}
+	data, err := readFile(r.path)
+	if err != nil {
+		r.seen = state{mod: fi.ModTime(), size: fi.Size(), trusted: trusted(fi)}
+		return true, err
+	}
+	if sha256.Sum256(data) == r.seen.sum {
+		r.seen.mod, r.seen.size, r.seen.trusted = fi.ModTime(), fi.Size(), trusted(fi)
+		return false, nil
+	}
+	return true, r.apply(fi, data)
+}
+
+// Watch calls Check every interval (DefaultInterval if interval <= 0) until
+// ctx is done. After each reload it tried, it calls onReload, if not nil,
+// with Check's error: nil when the new rules are in force.
+func (r *Reloader) Watch(ctx context.Context, interval time.Duration, onReload func(error)) {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if tried, err := r.Check(); tried && onReload != nil {
+			onReload(err)
+		}
+	}
+}
+
+// apply parses data, read from the file whose information is fi, and swaps
+// the Limiter's rules for its rules. r.mu is held.
+func (r *Reloader) apply(fi os.FileInfo, data []byte) error {
+	r.seen = state{mod: fi.ModTime(), size: fi.Size(), sum: sha256.Sum256(data), trusted: trusted(fi)}
+	cfg, err := Parse(data, r.path, r.env)
+	if err != nil {
+		return err
+	}
+	if old := r.cfg.Load(); cfg.HeaderStyle != old.HeaderStyle {
+		return &Error{File: r.path, Line: cfg.headersLine, Field: "headers",
+			Msg: fmt.Sprintf("changed from %s to %s, which takes a restart: rules not reloaded", old.HeaderStyle, cfg.HeaderStyle)}
+	}
+	if err := r.lim.SetRules(cfg.Rules); err != nil {
+		return fmt.Errorf("config: %s: %w", r.path, err)
+	}
+	r.cfg.Store(cfg)
+	return nil
+}
+
+// trusted reports whether fi's modification time is old enough for its
+// time and size to identify the file's contents.
+func trusted(fi os.FileInfo) bool {
+	return time.Since(fi.ModTime()) > racyWindow
+}
