@@ -1,0 +1,213 @@
+// Command example runs an HTTP server rate-limited by sluice, to try with
+// curl:
+//
+//	go run ./example                                  # in-memory store on :8080
+//	go run ./example -redis localhost:6379            # counters shared in Redis
+//	go run ./example -config example/rules.yaml       # rules from a file, hot-reloaded
+//	curl -i localhost:8080/
+//
+// Flags: -addr (or PORT) sets the listen address; -redis (or REDIS_URL) a
+// Redis server, host:port or redis:// URL, to share counters between
+// instances; -config a rules file, reloaded when it changes and on SIGHUP.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/middleware/config"
+)
+
+func main() {
+	log.SetFlags(0)
+	if err := run(os.Args[1:]); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("example", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr(), "listen address (default :$PORT or :8080)")
+	redisAddr := fs.String("redis", os.Getenv("REDIS_URL"), "Redis host:port or redis:// URL (default $REDIS_URL); empty counts in memory")
+	rulesFile := fs.String("config", "", "rules file (YAML or JSON); empty uses the built-in rules")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	opts := []middleware.Option{middleware.WithOnError(func(_ keyfunc.Request, err error) {
+		log.Printf("rate limiter: %v", err)
+	})}
+	store := "memory"
+	if *redisAddr != "" {
+		client, err := newRedis(*redisAddr)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		s, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: "sluice-example:"})
+		if err != nil {
+			return err
+		}
+		opts = append(opts, middleware.WithStore(s))
+		store = "redis " + *redisAddr
+	}
+
+	var lim *middleware.Limiter
+	if *rulesFile != "" {
+		rl, err := config.Open(*rulesFile, demoEnv, opts...)
+		if err != nil {
+			return err
+		}
+		lim = rl.Limiter()
+		go rl.Watch(ctx, time.Second, logReload(rl))
+		go reloadOnHUP(ctx, rl)
+	} else {
+		var err error
+		if lim, err = middleware.NewRules(builtinRules(), opts...); err != nil {
+			return err
+		}
+	}
+	defer lim.Close()
+
+	srv := &http.Server{Addr: *addr, Handler: demoAuth(lim.Handler(routes())), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	printUsage(*addr, store, *rulesFile)
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// builtinRules limits every client to 30 requests a minute, /search to 5 a
+// minute per client, and /api/* to 10 a minute per API key.
+func builtinRules() []middleware.Rule {
+	return []middleware.Rule{
+		{Name: "site", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(30)}},
+		{Name: "search", Path: "/search", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5)}},
+		{Name: "api", Path: "/api/*", Key: keyfunc.APIKey("X-API-Key", []byte("example-secret")),
+			Limits: []middleware.Limit{middleware.PerMinute(10)}},
+	}
+}
+
+func routes() http.Handler {
+	mux := http.NewServeMux()
+	text := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, body) }
+	}
+	mux.HandleFunc("GET /{$}", text("hello"))
+	mux.HandleFunc("GET /search", text("no results"))
+	mux.HandleFunc("GET /api/data", text(`{"data":[1,2,3]}`))
+	mux.HandleFunc("GET /api/search", text(`{"results":[]}`))
+	mux.HandleFunc("POST /api/login", text(`{"token":"demo"}`))
+	mux.HandleFunc("POST /api/upload", text(`{"stored":true}`))
+	return mux
+}
+
+// userKey is the context key of the demo's signed-in user.
+type userKey struct{}
+
+// demoAuth stands in for real authentication: it takes the user from the
+// X-User header. Never do this in production.
+func demoAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u := r.Header.Get("X-User"); u != "" {
+			r = r.WithContext(context.WithValue(r.Context(), userKey{}, u))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// demoEnv tells the rules file how to find the user and their plan.
+var demoEnv = config.Env{
+	User: func(ctx context.Context) (string, bool) {
+		u, ok := ctx.Value(userKey{}).(string)
+		return u, ok && u != ""
+	},
+	Plan: func(r keyfunc.Request, key string) string {
+		if key == "user:alice" {
+			return "pro"
+		}
+		return ""
+	},
+}
+
+func logReload(rl *config.Reloader) func(error) {
+	return func(err error) {
+		if err != nil {
+			log.Printf("rules not reloaded: %v", err)
+			return
+		}
+		log.Printf("rules reloaded from %s: %d rules", rl.Config().File, len(rl.Config().Rules))
+	}
+}
+
+func reloadOnHUP(ctx context.Context, rl *config.Reloader) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			logReload(rl)(rl.Reload())
+		}
+	}
+}
+
+func newRedis(addr string) (*redis.Client, error) {
+	if u, err := redis.ParseURL(addr); err == nil {
+		return redis.NewClient(u), nil
+	}
+	return redis.NewClient(&redis.Options{Addr: addr}), nil
+}
+
+func defaultAddr() string {
+	if p := os.Getenv("PORT"); p != "" {
+		return ":" + p
+	}
+	return ":8080"
+}
+
+func printUsage(addr, store, rulesFile string) {
+	host := addr
+	if len(host) > 0 && host[0] == ':' {
+		host = "localhost" + host
+	}
+	rules := "built-in rules"
+	if rulesFile != "" {
+		rules = "rules from " + rulesFile + " (edit it, or send SIGHUP, to reload)"
+	}
+	fmt.Printf("sluice example listening on %s (store: %s; %s)\n\nTry:\n", addr, store, rules)
+	if rulesFile != "" {
+		fmt.Printf(`  curl -i http://%[1]s/api/data                          # 100/min per address
+  curl -i -H 'X-User: alice' http://%[1]s/api/data       # alice is on the pro plan: 1000/min
+  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/login; done   # 5 per 5 min: the 6th is 429
+`, host)
+		return
+	}
+	fmt.Printf(`  curl -i http://%[1]s/                                  # 30/min per client
+  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' http://%[1]s/search; done   # 5/min: the 6th is 429
+  curl -i -H 'X-API-Key: demo' http://%[1]s/api/data     # 10/min per API key
+  curl -i http://%[1]s/api/data                          # no API key: 400
+`, host)
+}
