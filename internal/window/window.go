@@ -18,7 +18,6 @@
 package window
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
@@ -93,10 +92,6 @@ type Decision struct {
 	// when Allowed is true.
 	RetryAfter time.Duration
 }
-
-// ErrCostExceedsLimit is returned by stores when a charge costs more than its
-// limit could ever admit.
-var ErrCostExceedsLimit = errors.New("cost exceeds limit")
 
 // State is a counter: the start of its current window in Unix milliseconds
 // and the counts of the current and previous windows.

@@ -1,0 +1,22 @@
+package memstore_test
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/memstore"
+	"github.com/sluicehq/sluice/internal/storetest"
+)
+
+// TestConformance runs the suite that every store passes, so that the
+// memory store answers exactly as the Redis store does.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		s, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

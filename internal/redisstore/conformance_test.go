@@ -1,0 +1,52 @@
+package redisstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/storetest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func TestConformanceStandalone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		return newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+	})
+}
+
+func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.SharedCluster(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		return newTestStore(t, cl.Client(t, nil), cl.Prefix(t))
+	})
+}
+
+// TestConformanceRing runs the suite on a Ring of two shards, which routes
+// each script run by its first key's hash tag, as a cluster does.
+func TestConformanceRing(t *testing.T) {
+	t.Parallel()
+	a, b := redistest.Standalone(t), redistest.Standalone(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}})
+		t.Cleanup(func() { _ = ring.Close() })
+		return newTestStore(t, ring, a.Prefix(t))
+	})
+}
+
+// newTestStore returns a store for client with keys under prefix and a
+// timeout generous enough for the race detector.
+func newTestStore(t testing.TB, client redis.Scripter, prefix string) *Store {
+	t.Helper()
+	s, err := New(client, Config{Prefix: prefix, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -1,0 +1,520 @@
+// Package redisstore keeps sliding-window counters in Redis.
+//
+// # Decisions
+//
+// A Store decides with the Lua script sliding_window.lua, which implements
+// window.Take exactly (same integer arithmetic, same rolling rules, same
+// clock-backwards rule): it rolls every counter of a request, checks that
+// every charge fits, and only then adds the costs and sets each counter's
+// expiry to window.Expiry. Only the counters of admitted charges with a
+// cost are written: a denied request, or a read (cost 0), writes nothing.
+// Two charges of one request may name the same counter; each is decided
+// against the counter as it was, and both costs are counted. The script
+// runs with EVALSHA, falling back to EVAL when the server has not cached
+// it, so a decision costs one round trip.
+//
+// When Take is given the zero time, the script reads the server's clock with
+// TIME, so application servers whose clocks disagree still share one clock
+// per counter. A non-zero time is passed to the script instead, which lets
+// tests drive a real server with a fake clock. Expiry is always in the
+// server's real time.
+//
+// # Keys
+//
+// Each counter is one HASH with the fields s (start of the current window,
+// Unix milliseconds), p (count of the previous window) and c (count of the
+// current window), stored at
+//
+//	<prefix>{<tag>}:<name>:<window in ms>
+//
+// where tag is the first 22 characters of the unpadded base64url encoding of
+// SHA-256(Charge.Key), and name is Charge.Name when it matches
+// [A-Za-z0-9_.-]{1,64} and otherwise "#" followed by the same 22-character
+// hash of the name. Hostile keys therefore give fixed-size Redis keys that
+// cannot collide with one another or inject a hash tag, and every counter of
+// one Key lies in one Redis Cluster hash slot. Every key the script touches
+// is passed in KEYS.
+//
+// # Redis Cluster and Ring
+//
+// With a *redis.ClusterClient or a *redis.Ring (which routes a command by
+// the hash tag of its first key), a request whose charges all have the same
+// Key is still decided by one script run. A request whose charges have
+// different Keys spans several slots or shards, which no single script may
+// touch, so Take runs the script once per Key, in the order in which the
+// Keys first appear in the charges, all at the instant chosen by the first
+// run (the first node's TIME when Take is given the zero time):
+//
+//   - It never admits a request over any limit: each run is atomic on its
+//     slot, and the request is admitted only if every run admitted its part.
+//   - If a run denies, the costs already counted by the earlier runs are
+//     given back with a second script, refund.lua, and the Keys not reached
+//     yet are decided by a dry run that writes nothing; the decisions are
+//     then those a single script would have given. A counter that nothing
+//     else touched in between is put back exactly as it was; otherwise the
+//     cost is taken off its current count (or off its previous count if it
+//     has rolled one window since), never below zero.
+//   - Between a charge and its refund, a concurrent request may see the
+//     charge and be denied although it would have fitted: the error is on
+//     the conservative side. If the refund fails, the charge stays counted
+//     until it ages out of the window, and Take still reports the deny.
+//   - It costs one round trip per distinct Key and, on a deny, one more per
+//     Key charged (refund) or not reached (dry run), instead of one in all.
+//     If a later run fails, the earlier ones are refunded and Take returns
+//     the error.
+//
+// Clients of other types (a *redis.Client, including one from
+// redis.NewFailoverClient for Sentinel) always get one script run per
+// request. A wrapper type around a *redis.ClusterClient is not recognised:
+// requests spanning several Keys then fail with a CROSSSLOT error.
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+var (
+	//go:embed sliding_window.lua
+	slidingWindowSrc string
+	//go:embed refund.lua
+	refundSrc string
+
+	script       = redis.NewScript(slidingWindowSrc)
+	refundScript = redis.NewScript(refundSrc)
+)
+
+const (
+	// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+	DefaultPrefix = "sluice:"
+	// DefaultTimeout is the time limit of one Take when Config.Timeout is
+	// zero.
+	DefaultTimeout = 100 * time.Millisecond
+
+	// tagLen is the length of the base64url hash used for keys and long
+	// names: 22 characters, 132 bits.
+	tagLen = 22
+	// maxNameLen is the longest Charge.Name used in a key as it is.
+	maxNameLen = 64
+	// maxPrefixLen bounds Config.Prefix.
+	maxPrefixLen = 256
+	// fieldsPerCharge is the number of integers the script returns per
+	// charge.
+	fieldsPerCharge = 10
+)
+
+// The script's mode argument, boxed once: converting a string variable to
+// an interface allocates.
+var (
+	modeDryRun any = "0"
+	modeCharge any = "1"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Prefix starts every key the store writes. It may not contain '{' or
+	// '}', which would change the Redis Cluster hash slot of the keys.
+	// Empty means DefaultPrefix.
+	Prefix string
+	// Timeout bounds each Take, on top of any deadline of the caller's
+	// context. Zero means DefaultTimeout; a negative value means no limit
+	// beyond the caller's context. go-redis applies a context deadline to
+	// network reads and writes only when the client was created with
+	// Options.ContextTimeoutEnabled set; otherwise a server that stops
+	// answering is detected only after the client's ReadTimeout.
+	Timeout time.Duration
+}
+
+// Store is a sliding-window counter store backed by Redis. It is safe for
+// concurrent use.
+type Store struct {
+	client  redis.Scripter
+	prefix  string
+	timeout time.Duration
+	// split is set for clients that route each command to a shard by its
+	// first key: requests with several Keys are then run once per Key.
+	split   bool
+	scratch sync.Pool
+}
+
+// scratch holds the per-call buffers of Take.
+type scratch struct {
+	buf   []byte
+	keys  []string
+	run   []string
+	args  []any
+	info  []counter
+	order []int
+}
+
+// counter is what the script read of one charge's counter: its state rolled
+// to the request's instant before the charge, and the fields as stored.
+type counter struct {
+	rolled window.State
+	stored window.State
+	// existed is false if the key did not exist.
+	existed bool
+}
+
+// New returns a Store that keeps its counters in Redis through client.
+func New(client redis.Scripter, cfg Config) (*Store, error) {
+	s := &Store{client: client, prefix: cfg.Prefix, timeout: cfg.Timeout}
+	switch c := client.(type) {
+	case nil:
+		return nil, errors.New("redisstore: nil client")
+	case *redis.Client:
+		if c == nil {
+			return nil, errors.New("redisstore: nil client")
+		}
+	case *redis.ClusterClient:
+		if c == nil {
+			return nil, errors.New("redisstore: nil client")
+		}
+		s.split = true
+	case *redis.Ring:
+		if c == nil {
+			return nil, errors.New("redisstore: nil client")
+		}
+		s.split = true
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(s.prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: prefix %q contains '{' or '}'", s.prefix)
+	}
+	if len(s.prefix) > maxPrefixLen {
+		return nil, fmt.Errorf("redisstore: prefix is %d bytes long, more than %d", len(s.prefix), maxPrefixLen)
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	s.scratch.New = func() any { return new(scratch) }
+	return s, nil
+}
+
+// Take decides charges at now, all or nothing, as described by the Store
+// interface of package middleware. The zero now means the Redis server's
+// clock. It writes one Decision per charge into out and reports whether the
+// request was admitted. A non-nil error means nothing was counted.
+func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
+	allowed, _, err := s.take(ctx, now, charges, out)
+	return allowed, err
+}
+
+// take is Take that also returns the instant, in Unix milliseconds, at which
+// the script decided.
+func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, int64, error) {
+	if len(out) != len(charges) {
+		return false, 0, fmt.Errorf("redisstore: %d decisions for %d charges", len(out), len(charges))
+	}
+	for i := range charges {
+		c := &charges[i]
+		if err := c.Limit.Validate(); err != nil {
+			return false, 0, fmt.Errorf("redisstore: charge %d: %w", i, err)
+		}
+		if c.Cost < 0 {
+			return false, 0, fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		}
+	}
+	if len(charges) == 0 {
+		return true, 0, nil
+	}
+	nowArg := ""
+	if !now.IsZero() {
+		ms := now.UnixMilli()
+		if ms < 0 {
+			return false, 0, fmt.Errorf("redisstore: now %s is before the Unix epoch", now)
+		}
+		nowArg = strconv.FormatInt(ms, 10)
+	}
+
+	sc := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(sc)
+	sc.keys = sc.keys[:0]
+	for i := range charges {
+		sc.buf = s.appendKey(sc.buf[:0], &charges[i])
+		sc.keys = append(sc.keys, string(sc.buf))
+	}
+	if cap(sc.info) < len(charges) {
+		sc.info = make([]counter, len(charges))
+	}
+	sc.info = sc.info[:len(charges)]
+
+	parent := ctx
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+
+	if !s.split || sameKey(charges) {
+		sc.order = sc.order[:0]
+		for i := range charges {
+			sc.order = append(sc.order, i)
+		}
+		return s.run(ctx, sc, nowArg, modeCharge, charges, sc.order, out)
+	}
+	return s.takeSplit(ctx, parent, sc, nowArg, charges, out)
+}
+
+// takeSplit decides a request whose charges have several Keys on a client
+// that shards by key: one script run per Key, with refunds on a deny.
+func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg string, charges []window.Charge, out []window.Decision) (bool, int64, error) {
+	// order lists the charges grouped by Key, in order of first appearance;
+	// bounds[g] is where group g starts in order.
+	sc.order = sc.order[:0]
+	var bounds []int
+	for i := range charges {
+		first := true
+		for j := 0; j < i; j++ {
+			if charges[j].Key == charges[i].Key {
+				first = false
+				break
+			}
+		}
+		if !first {
+			continue
+		}
+		bounds = append(bounds, len(sc.order))
+		for j := i; j < len(charges); j++ {
+			if charges[j].Key == charges[i].Key {
+				sc.order = append(sc.order, j)
+			}
+		}
+	}
+	bounds = append(bounds, len(sc.order))
+	group := func(g int) []int { return sc.order[bounds[g]:bounds[g+1]] }
+
+	var nowMs int64
+	for g := 0; g+1 < len(bounds); g++ {
+		all, ms, err := s.run(ctx, sc, nowArg, modeCharge, charges, group(g), out)
+		if err != nil {
+			s.refund(parent, sc, nowMs, charges, sc.order[:bounds[g]])
+			return false, 0, err
+		}
+		if g == 0 {
+			// Decide every later group at the same instant.
+			nowMs = ms
+			nowArg = strconv.FormatInt(ms, 10)
+		}
+		if all {
+			continue
+		}
+		// Denied: give back what earlier groups counted, describe them as
+		// if nothing had been counted, and decide the rest without writing.
+		charged := sc.order[:bounds[g]]
+		s.refund(parent, sc, nowMs, charges, charged)
+		for _, i := range charged {
+			c := &charges[i]
+			w := c.Limit.Window.Milliseconds()
+			st := sc.info[i].rolled
+			out[i] = window.Describe(st, max(nowMs, st.Start), int64(c.Limit.Requests), w, int64(c.Cost), true)
+		}
+		for h := g + 1; h+1 < len(bounds); h++ {
+			if _, _, err := s.run(ctx, sc, nowArg, modeDryRun, charges, group(h), out); err != nil {
+				return false, 0, err
+			}
+		}
+		return false, nowMs, nil
+	}
+	return true, nowMs, nil
+}
+
+// run runs the script for the charges listed in idx, all in one slot, and
+// fills their decisions and their pre-charge states in sc.info. It reports
+// whether all of them fit and the instant of the decision.
+func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
+	keys := sc.run[:0]
+	args := append(sc.args[:0], nowArg, mode)
+	for _, i := range idx {
+		keys = append(keys, sc.keys[i])
+		c := &charges[i]
+		cost := int64(c.Cost)
+		if cost > int64(c.Limit.Requests) {
+			// Any cost above the limit gives the same decision; this
+			// keeps the script's numbers small.
+			cost = int64(c.Limit.Requests) + 1
+		}
+		args = append(args, int64(c.Limit.Requests), c.Limit.Window.Milliseconds(), cost)
+	}
+	sc.run, sc.args = keys, args
+	reply, err := script.Run(ctx, s.client, keys, args...).Slice()
+	clear(sc.run)
+	clear(sc.args)
+	if err != nil {
+		return false, 0, fmt.Errorf("redisstore: run script: %w", err)
+	}
+	return parseReply(reply, idx, out, sc.info)
+}
+
+// parseReply checks the script's reply and copies it into out and info.
+func parseReply(reply []any, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
+	if len(reply) != 2+fieldsPerCharge*len(idx) {
+		return false, 0, fmt.Errorf("redisstore: script returned %d values for %d charges", len(reply), len(idx))
+	}
+	var v [2 + fieldsPerCharge]int64
+	for k := 0; k < 2; k++ {
+		n, err := intAt(reply, k)
+		if err != nil {
+			return false, 0, err
+		}
+		v[k] = n
+	}
+	all, now := v[0], v[1]
+	if all != 0 && all != 1 {
+		return false, 0, fmt.Errorf("redisstore: script returned allowed=%d", all)
+	}
+	for j, i := range idx {
+		f := v[:fieldsPerCharge]
+		for k := range f {
+			n, err := intAt(reply, 2+fieldsPerCharge*j+k)
+			if err != nil {
+				return false, 0, err
+			}
+			f[k] = n
+		}
+		allowed, remaining, reset, retry := f[0], f[1], f[2], f[3]
+		if (allowed != 0 && allowed != 1) || remaining < 0 || reset < 0 || retry < -1 {
+			return false, 0, fmt.Errorf("redisstore: script returned an invalid decision: allowed %d, remaining %d, reset %d ms, retry %d ms",
+				allowed, remaining, reset, retry)
+		}
+		out[i] = window.Decision{
+			Allowed:    allowed == 1,
+			Remaining:  int(remaining),
+			ResetAfter: millis(reset),
+			RetryAfter: millis(retry),
+		}
+		info[i] = counter{
+			rolled:  window.State{Start: f[4], Prev: f[5], Curr: f[6]},
+			stored:  window.State{Start: f[7], Prev: f[8], Curr: f[9]},
+			existed: f[7] >= 0,
+		}
+	}
+	return all == 1, now, nil
+}
+
+// intAt returns reply[k], which must be an integer.
+func intAt(reply []any, k int) (int64, error) {
+	n, ok := reply[k].(int64)
+	if !ok {
+		return 0, fmt.Errorf("redisstore: script returned %T at position %d, want an integer", reply[k], k)
+	}
+	return n, nil
+}
+
+// refund gives back the costs counted at nowMs for the charges listed in
+// idx, which are grouped by Key. It runs even if ctx is done, with a time
+// limit of its own; a failure leaves the costs counted, which only errs on
+// the side of denying.
+func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []window.Charge, idx []int) {
+	if len(idx) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	// One run per Key: a run may only touch one slot.
+	for start := 0; start < len(idx); {
+		end := start + 1
+		for end < len(idx) && charges[idx[end]].Key == charges[idx[start]].Key {
+			end++
+		}
+		var keys []string
+		args := []any{nowMs}
+		for _, i := range idx[start:end] {
+			c, info := &charges[i], &sc.info[i]
+			if c.Cost == 0 {
+				continue
+			}
+			storedStart := info.stored.Start
+			if !info.existed {
+				storedStart = -1
+			}
+			keys = append(keys, sc.keys[i])
+			args = append(args, c.Limit.Window.Milliseconds(), int64(c.Cost),
+				info.rolled.Start, info.rolled.Prev, info.rolled.Curr,
+				storedStart, info.stored.Prev, info.stored.Curr)
+		}
+		if len(keys) > 0 {
+			_ = refundScript.Run(ctx, s.client, keys, args...).Err()
+		}
+		start = end
+	}
+}
+
+// sameKey reports whether every charge has the same Key.
+func sameKey(charges []window.Charge) bool {
+	for i := 1; i < len(charges); i++ {
+		if charges[i].Key != charges[0].Key {
+			return false
+		}
+	}
+	return true
+}
+
+// appendKey appends the Redis key of c's counter to b.
+func (s *Store) appendKey(b []byte, c *window.Charge) []byte {
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = appendHash(b, c.Key)
+	b = append(b, '}', ':')
+	if validName(c.Name) {
+		b = append(b, c.Name...)
+	} else {
+		b = append(b, '#')
+		b = appendHash(b, c.Name)
+	}
+	b = append(b, ':')
+	return strconv.AppendInt(b, c.Limit.Window.Milliseconds(), 10)
+}
+
+// appendHash appends the first 22 characters of base64url(SHA-256(v)).
+func appendHash(b []byte, v string) []byte {
+	sum := sha256.Sum256([]byte(v))
+	// 18 bytes encode to 24 characters, of which the first 22 depend only
+	// on the first 132 bits.
+	var enc [24]byte
+	base64.RawURLEncoding.Encode(enc[:], sum[:18])
+	return append(b, enc[:tagLen]...)
+}
+
+// validName reports whether name can be used in a key as it is.
+func validName(name string) bool {
+	if len(name) == 0 || len(name) > maxNameLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '_', c == '.', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// millis converts a duration in milliseconds from the script, where -1
+// means "never", to the Decision convention (-1ns).
+func millis(v int64) time.Duration {
+	if v < 0 {
+		return -1
+	}
+	return time.Duration(v) * time.Millisecond
+}

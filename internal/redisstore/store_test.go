@@ -1,0 +1,751 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/storetest"
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+var t0 = storetest.T0
+
+func perMinute(n int) window.Limit { return window.Limit{Requests: n, Window: time.Minute} }
+func perHour(n int) window.Limit   { return window.Limit{Requests: n, Window: time.Hour} }
+
+// take calls s.Take with one charge and fails the test on an error.
+func take(t testing.TB, s *Store, now time.Time, c window.Charge) (bool, window.Decision) {
+	t.Helper()
+	out := make([]window.Decision, 1)
+	ok, err := s.Take(context.Background(), now, []window.Charge{c}, out)
+	if err != nil {
+		t.Fatalf("Take(%s/%s): %v", c.Key, c.Name, err)
+	}
+	return ok, out[0]
+}
+
+// countHook counts the commands a client sends, by name.
+type countHook struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newCountHook() *countHook { return &countHook{n: map[string]int{}} }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.add(cmd.Name())
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.add(cmd.Name())
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *countHook) add(name string) {
+	h.mu.Lock()
+	h.n[name]++
+	h.mu.Unlock()
+}
+
+// take returns the counts of EVALSHA and EVAL since the last call.
+func (h *countHook) take() (evalsha, eval int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	evalsha, eval = h.n["evalsha"], h.n["eval"]
+	clear(h.n)
+	return evalsha, eval
+}
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	bad := []struct {
+		name   string
+		client redis.Scripter
+		cfg    Config
+	}{
+		{"NilInterface", nil, Config{}},
+		{"NilClient", (*redis.Client)(nil), Config{}},
+		{"NilClusterClient", (*redis.ClusterClient)(nil), Config{}},
+		{"NilRing", (*redis.Ring)(nil), Config{}},
+		{"OpenBrace", c, Config{Prefix: "a{"}},
+		{"CloseBrace", c, Config{Prefix: "}"}},
+		{"LongPrefix", c, Config{Prefix: strings.Repeat("p", 257)}},
+	}
+	for _, tt := range bad {
+		s, err := New(tt.client, tt.cfg)
+		if err == nil || s != nil {
+			t.Errorf("%s: New = %v, %v; want an error", tt.name, s, err)
+		} else if !strings.HasPrefix(err.Error(), "redisstore: ") {
+			t.Errorf("%s: error %q lacks the package prefix", tt.name, err)
+		}
+	}
+	s, err := New(c, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.prefix != DefaultPrefix || s.timeout != DefaultTimeout || s.split {
+		t.Errorf("defaults: prefix %q, timeout %s, split %v", s.prefix, s.timeout, s.split)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	if s, err := New(cc, Config{Timeout: -1}); err != nil || !s.split || s.timeout != -1 {
+		t.Errorf("cluster client: %v, %v", s, err)
+	}
+}
+
+// keyPattern is the form of every key the store writes under prefix
+// "<p>": <p>{tag}:name:window.
+func keyPattern(prefix string) *regexp.Regexp {
+	return regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `\{[A-Za-z0-9_-]{22}\}:([A-Za-z0-9_.-]{1,64}|#[A-Za-z0-9_-]{22}):[0-9]+$`)
+}
+
+func TestKeyLayout(t *testing.T) {
+	t.Parallel()
+	s := &Store{prefix: "p:"}
+	key := func(k, name string, w time.Duration) string {
+		return string(s.appendKey(nil, &window.Charge{Key: k, Name: name, Limit: window.Limit{Requests: 1, Window: w}}))
+	}
+	sum := sha256.Sum256([]byte("ip:192.0.2.1"))
+	tag := base64.RawURLEncoding.EncodeToString(sum[:])[:22]
+	if got, want := key("ip:192.0.2.1", "per-ip", time.Minute), "p:{"+tag+"}:per-ip:60000"; got != want {
+		t.Errorf("key = %q, want %q", got, want)
+	}
+	if got := key("", "", time.Second); !keyPattern("p:").MatchString(got) || !strings.Contains(got, "}:#") {
+		t.Errorf("empty key and name: %q", got)
+	}
+	long := strings.Repeat("k", 1<<20)
+	if got := key(long, strings.Repeat("n", 65), time.Hour); len(got) > 64 || !keyPattern("p:").MatchString(got) {
+		t.Errorf("1 MB key gives %d-byte key %.80q", len(got), got)
+	}
+	if a, b := key("a", "n", time.Minute), key("a", "n", 2*time.Minute); a == b {
+		t.Error("windows share a key")
+	}
+	// A name outside the safe set is hashed, so a literal name can never
+	// look like a hashed one.
+	if got := key("a", "#x", time.Minute); strings.Contains(got, "#x:") || !keyPattern("p:").MatchString(got) {
+		t.Errorf("name %q used as is: %q", "#x", got)
+	}
+}
+
+// TestKeysInRedis writes hostile keys and names through a real server and
+// checks every key it finds under the test prefix.
+func TestKeysInRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	prefix := srv.Prefix(t)
+	s := newTestStore(t, c, prefix)
+	keys := []string{"a", "{a}", "a{b}c", "}", "a:b", "a\nb", "a\r\n*1\r\n$8\r\nFLUSHALL\r\n", strings.Repeat("x", 1<<20), ""}
+	names := []string{"per-ip", "evil}{name", "a b", strings.Repeat("n", 100)}
+	for _, k := range keys {
+		for _, n := range names {
+			if ok, d := take(t, s, t0, window.Charge{Key: k, Name: n, Limit: perMinute(1), Cost: 1}); !ok {
+				t.Fatalf("key %.20q name %q denied on first use: %+v (collision?)", k, n, d)
+			}
+		}
+	}
+	found, err := c.Keys(context.Background(), prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(keys) * len(names); len(found) != want {
+		t.Fatalf("%d keys under the prefix, want %d", len(found), want)
+	}
+	re := keyPattern(prefix)
+	for _, k := range found {
+		if !re.MatchString(k) {
+			t.Errorf("key %q does not have the hash-tagged form", k)
+		}
+		if len(k) > len(prefix)+24+1+64+1+8 {
+			t.Errorf("key %q is too long", k)
+		}
+		if typ := c.Type(context.Background(), k).Val(); typ != "hash" {
+			t.Errorf("key %q is a %s", k, typ)
+		}
+	}
+}
+
+func TestOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	charges := func(key string) []window.Charge {
+		return []window.Charge{
+			{Key: key, Name: "burst", Limit: window.Limit{Requests: 1000, Window: time.Second}, Cost: 1},
+			{Key: key, Name: "quota", Limit: perHour(1000), Cost: 1},
+			{Key: key, Name: "daily", Limit: window.Limit{Requests: 1000, Window: 24 * time.Hour}, Cost: 1},
+		}
+	}
+	check := func(t *testing.T, s *Store, h *countHook, key string, fresh bool) {
+		out := make([]window.Decision, 3)
+		for i := 0; i < 20; i++ {
+			if ok, err := s.Take(context.Background(), time.Time{}, charges(key), out); err != nil || !ok {
+				t.Fatalf("Take %d: %v, %v", i, ok, err)
+			}
+			evalsha, eval := h.take()
+			switch {
+			case i == 0 && fresh && evalsha == 1 && eval == 1:
+				// NOSCRIPT, then EVAL: the server had not seen the script.
+			case evalsha == 1 && eval == 0:
+			default:
+				t.Fatalf("Take %d sent %d EVALSHA and %d EVAL, want one round trip", i, evalsha, eval)
+			}
+		}
+	}
+
+	t.Run("Standalone", func(t *testing.T) {
+		t.Parallel()
+		// A server of its own, so that the script cache starts empty and
+		// the server's own command statistics count only this test.
+		srv := redistest.Standalone(t)
+		h := newCountHook()
+		c := srv.Client(t, nil)
+		c.AddHook(h)
+		s := newTestStore(t, c, srv.Prefix(t))
+		admin := srv.Client(t, nil)
+		before := evalCalls(t, admin)
+		check(t, s, h, "k", true)
+		if got := evalCalls(t, admin) - before; got != 21 {
+			t.Errorf("the server ran %d EVALSHA and EVAL for 20 decisions, want 21 (one NOSCRIPT)", got)
+		}
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.SharedCluster(t)
+		h := newCountHook()
+		// Count what reaches the nodes, after the cluster client's routing
+		// and redirections.
+		c := cl.Client(t, &redis.ClusterOptions{NewClient: func(o *redis.Options) *redis.Client {
+			n := redis.NewClient(o)
+			n.AddHook(h)
+			return n
+		}})
+		s := newTestStore(t, c, cl.Prefix(t))
+		check(t, s, h, "k", true)
+	})
+}
+
+// evalCalls returns how many EVALSHA and EVAL the server has run.
+func evalCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				v, err := strconv.Atoi(calls)
+				if err != nil {
+					t.Fatalf("parse %q: %v", line, err)
+				}
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// TestOneClock shows that stores on application servers whose clocks are
+// ten minutes apart share one budget when they let Redis keep time, and do
+// not when each passes its own clock.
+func TestOneClock(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	prefix := srv.Prefix(t)
+	type app struct {
+		store *Store
+		clock func() time.Time
+	}
+	apps := []app{
+		{newTestStore(t, srv.Client(t, nil), prefix), func() time.Time { return time.Now().Add(-5 * time.Minute) }},
+		{newTestStore(t, srv.Client(t, nil), prefix), func() time.Time { return time.Now().Add(5 * time.Minute) }},
+	}
+	admitted := func(key string, useLocalClock bool) int {
+		n := 0
+		for _, a := range apps {
+			for i := 0; i < 6; i++ {
+				var now time.Time // zero: Redis TIME
+				if useLocalClock {
+					now = a.clock()
+				}
+				if ok, _ := take(t, a.store, now, window.Charge{Key: key, Name: "r", Limit: perMinute(10), Cost: 1}); ok {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if got := admitted("local-clocks", true); got != 12 {
+		t.Errorf("with the apps' own clocks, %d admitted; want 12, the skew splitting the budget", got)
+	}
+	if got := admitted("redis-time", false); got != 10 {
+		t.Errorf("with Redis TIME, %d admitted; want exactly the limit, 10", got)
+	}
+}
+
+// TestNoRaceAdmitsExtra hammers one key from several stores and many
+// goroutines at one frozen instant: exactly the limit is admitted.
+func TestNoRaceAdmitsExtra(t *testing.T) {
+	t.Parallel()
+	run := func(t *testing.T, newClient func() redis.Scripter, prefix string) {
+		const (
+			stores     = 4
+			goroutines = 32
+			tries      = 4
+			limit      = 100
+		)
+		var admitted, denied atomic.Int64
+		var wg sync.WaitGroup
+		now := t0.Add(17 * time.Minute)
+		c := window.Charge{Key: "hot", Name: "r", Limit: perHour(limit), Cost: 1}
+		for i := 0; i < stores; i++ {
+			s := newTestStore(t, newClient(), prefix)
+			for g := 0; g < goroutines; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					out := make([]window.Decision, 1)
+					for k := 0; k < tries; k++ {
+						ok, err := s.Take(context.Background(), now, []window.Charge{c}, out)
+						switch {
+						case err != nil:
+							t.Error(err)
+							return
+						case ok:
+							admitted.Add(1)
+						default:
+							denied.Add(1)
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if a, d := admitted.Load(), denied.Load(); a != limit || a+d != stores*goroutines*tries {
+			t.Fatalf("%d admitted and %d denied, want %d admitted of %d", a, d, limit, stores*goroutines*tries)
+		}
+	}
+	t.Run("Standalone", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Shared(t)
+		run(t, func() redis.Scripter { return srv.Client(t, nil) }, srv.Prefix(t))
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.SharedCluster(t)
+		run(t, func() redis.Scripter { return cl.Client(t, nil) }, cl.Prefix(t))
+	})
+}
+
+// TestCrossSlot checks, on Redis Cluster, a request whose two Keys live on
+// different masters: a deny by the second gives back the first's charge.
+func TestCrossSlot(t *testing.T) {
+	t.Parallel()
+	cl := redistest.SharedCluster(t)
+	h := newCountHook()
+	c := cl.Client(t, nil)
+	c.AddHook(h)
+	prefix := cl.Prefix(t)
+	s := newTestStore(t, c, prefix)
+	ctx := context.Background()
+
+	// Two Keys whose counters fall in the slot ranges of different masters.
+	slotOf := func(k string) int64 {
+		var b []byte
+		b = s.appendKey(b, &window.Charge{Key: k, Name: "a", Limit: perMinute(1)})
+		slot, err := c.ClusterKeySlot(ctx, string(b)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slot
+	}
+	k1 := "user:1"
+	k2 := ""
+	for i := 0; k2 == ""; i++ {
+		if k := "user:" + strconv.Itoa(i+2); slotOf(k)/5462 != slotOf(k1)/5462 {
+			k2 = k
+		}
+	}
+	a := window.Charge{Key: k1, Name: "a", Limit: perMinute(10), Cost: 4}
+	b := window.Charge{Key: k2, Name: "b", Limit: perMinute(5), Cost: 4}
+	read := func(c window.Charge) window.Decision {
+		c.Cost = 0
+		_, d := take(t, s, t0, c)
+		return d
+	}
+	out := make([]window.Decision, 2)
+	h.take()
+	if ok, err := s.Take(ctx, t0, []window.Charge{a, b}, out); err != nil || !ok {
+		t.Fatalf("first request: %v, %v", ok, err)
+	}
+	if evalsha, eval := h.take(); evalsha != 2 || eval > 2 {
+		t.Errorf("first request: %d EVALSHA, %d EVAL; want one run per Key", evalsha, eval)
+	}
+	// b: 8 > 5 denies (retry 60 + 60 - 1*60/4 s); a, charged first, must
+	// be given back and described as not charged.
+	ok, err := s.Take(ctx, t0, []window.Charge{a, b}, out)
+	if err != nil || ok {
+		t.Fatalf("second request: %v, %v; want a deny", ok, err)
+	}
+	if want := []window.Decision{{Allowed: true, Remaining: 6, ResetAfter: 2 * time.Minute},
+		{Remaining: 1, ResetAfter: 2 * time.Minute, RetryAfter: 105 * time.Second}}; !slices.Equal(out, want) {
+		t.Errorf("second request decided %+v, want %+v", out, want)
+	}
+	if d := read(a); d.Remaining != 6 {
+		t.Errorf("after the deny, a has %d remaining, want 6: the charge was not given back", d.Remaining)
+	}
+	// Denied by the first Key: the second is only read.
+	if ok, err := s.Take(ctx, t0, []window.Charge{b, a}, out); err != nil || ok {
+		t.Fatalf("third request: %v, %v; want a deny", ok, err)
+	}
+	if d := read(a); d.Remaining != 6 {
+		t.Errorf("after a deny by the first Key, a has %d remaining, want 6", d.Remaining)
+	}
+}
+
+// TestRefund exercises each case of refund.lua directly.
+func TestRefund(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	s := newTestStore(t, c, srv.Prefix(t))
+	ctx := context.Background()
+	const w = int64(60_000)
+	start := window.Millis(t0)
+	// charge counts cost at now through the script and returns what a
+	// refund needs.
+	charge := func(key string, now time.Time, cost int) (*scratch, []window.Charge) {
+		t.Helper()
+		cs := []window.Charge{{Key: key, Name: "r", Limit: perMinute(100), Cost: cost}}
+		sc := &scratch{keys: []string{string(s.appendKey(nil, &cs[0]))}, info: make([]counter, 1)}
+		if ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(now), 10), modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
+			t.Fatalf("charge: %v, %v", ok, err)
+		}
+		return sc, cs
+	}
+	fields := func(sc *scratch) []string {
+		t.Helper()
+		v, err := c.HMGet(ctx, sc.keys[0], "s", "p", "c").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, x := range v {
+			s, _ := x.(string)
+			out = append(out, s)
+		}
+		return out
+	}
+	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
+
+	// Untouched since the charge: the key did not exist, so it goes.
+	sc, cs := charge("fresh", t0, 3)
+	s.refund(ctx, sc, start, cs, []int{0})
+	if n := c.Exists(ctx, sc.keys[0]).Val(); n != 0 {
+		t.Errorf("untouched new counter: still exists after the refund")
+	}
+
+	// Untouched, but it existed and the charge rolled it: put back as it
+	// was, expiry included.
+	charge("rolled", t0.Add(10*time.Second), 5)
+	sc, cs = charge("rolled", t0.Add(70*time.Second), 2)
+	s.refund(ctx, sc, start+70_000, cs, []int{0})
+	if got, want := fields(sc), []string{ms(start), "0", "5"}; !slices.Equal(got, want) {
+		t.Errorf("untouched rolled counter: %v after the refund, want %v", got, want)
+	}
+
+	// Touched since, same window: the current count goes down.
+	sc, cs = charge("same", t0, 3)
+	charge("same", t0, 2)
+	s.refund(ctx, sc, start, cs, []int{0})
+	if got, want := fields(sc), []string{ms(start), "0", "2"}; !slices.Equal(got, want) {
+		t.Errorf("touched counter: %v after the refund, want %v", got, want)
+	}
+
+	// Rolled one window since: the previous count goes down.
+	sc, cs = charge("next", t0, 3)
+	charge("next", t0.Add(time.Minute), 1)
+	s.refund(ctx, sc, start, cs, []int{0})
+	if got, want := fields(sc), []string{ms(start + w), "0", "1"}; !slices.Equal(got, want) {
+		t.Errorf("counter rolled once: %v after the refund, want %v", got, want)
+	}
+
+	// Never below zero.
+	sc, cs = charge("floor", t0, 3)
+	if err := c.HSet(ctx, sc.keys[0], "c", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.refund(ctx, sc, start, cs, []int{0})
+	if got, want := fields(sc), []string{ms(start), "0", "0"}; !slices.Equal(got, want) {
+		t.Errorf("counter below the cost: %v after the refund, want %v", got, want)
+	}
+
+	// Rolled further: left alone.
+	sc, cs = charge("far", t0, 3)
+	charge("far", t0.Add(2*time.Minute), 1)
+	s.refund(ctx, sc, start, cs, []int{0})
+	if got, want := fields(sc), []string{ms(start + 2*w), "0", "1"}; !slices.Equal(got, want) {
+		t.Errorf("counter rolled twice: %v after the refund, want %v", got, want)
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	s := newTestStore(t, c, srv.Prefix(t))
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name string
+		now  time.Time
+		w    time.Duration
+	}{
+		{"RedisTime", time.Time{}, time.Minute},
+		{"LocalTime", time.Now(), time.Minute},
+		{"FakeTime", t0.Add(59 * time.Second), time.Minute},
+		{"Hour", time.Time{}, time.Hour},
+	} {
+		ch := window.Charge{Key: tt.name, Name: "r", Limit: window.Limit{Requests: 10, Window: tt.w}, Cost: 1}
+		take(t, s, tt.now, ch)
+		key := string(s.appendKey(nil, &ch))
+		ttl, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 || ttl > 2*tt.w {
+			t.Errorf("%s: PTTL %s, want in (0, %s]", tt.name, ttl, 2*tt.w)
+		}
+		if tt.name == "FakeTime" && ttl > tt.w+time.Second {
+			t.Errorf("%s: PTTL %s, want about %s (1 s left in the window, then one more)", tt.name, ttl, tt.w+time.Second)
+		}
+		// A read writes nothing, expiry included.
+		ch.Cost = 0
+		take(t, s, tt.now, ch)
+		if ttl2 := c.PTTL(ctx, key).Val(); ttl2 > ttl {
+			t.Errorf("%s: a read raised PTTL from %s to %s", tt.name, ttl, ttl2)
+		}
+	}
+
+	// A key really goes: 100 ms windows expire within 200 ms of the write.
+	ch := window.Charge{Key: "short", Name: "r", Limit: window.Limit{Requests: 10, Window: 100 * time.Millisecond}, Cost: 1}
+	take(t, s, time.Time{}, ch)
+	key := string(s.appendKey(nil, &ch))
+	deadline := time.Now().Add(2 * time.Second)
+	for c.Exists(ctx, key).Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a counter of 100 ms windows still exists after 2 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRedisDown stops and pauses a server under a store: Take fails fast,
+// with a wrapped error, and recovers when the server is back.
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	ch := window.Charge{Key: "k", Name: "r", Limit: perMinute(1000), Cost: 1}
+	const timeout = 200 * time.Millisecond
+	// timed runs Take and checks that it fails within limit.
+	timed := func(t *testing.T, s *Store, limit time.Duration) error {
+		t.Helper()
+		start := time.Now()
+		out := make([]window.Decision, 1)
+		ok, err := s.Take(context.Background(), time.Time{}, []window.Charge{ch}, out)
+		if took := time.Since(start); took > limit {
+			t.Errorf("Take took %s, want at most %s", took, limit)
+		}
+		if err == nil || ok {
+			t.Fatalf("Take = %v, %v; want an error", ok, err)
+		}
+		if !strings.HasPrefix(err.Error(), "redisstore: ") {
+			t.Errorf("error %q lacks the package prefix", err)
+		}
+		return err
+	}
+	ok := func(t *testing.T, s *Store) {
+		t.Helper()
+		out := make([]window.Decision, 1)
+		if ok, err := s.Take(context.Background(), time.Time{}, []window.Charge{ch}, out); err != nil || !ok {
+			t.Fatalf("Take = %v, %v", ok, err)
+		}
+	}
+
+	t.Run("Stopped", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Standalone(t)
+		s := newStoreTimeout(t, srv.Client(t, nil), timeout)
+		ok(t, s)
+		srv.Stop()
+		err := timed(t, s, timeout+300*time.Millisecond)
+		// go-redis retries the dial until the deadline, or gives up first.
+		var ne net.Error
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, syscall.ECONNREFUSED) && !errors.As(err, &ne) {
+			t.Errorf("error %v is neither a deadline nor a network error", err)
+		}
+		t.Logf("stopped: %v", err)
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		ok(t, s)
+	})
+	t.Run("HungContextTimeout", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Standalone(t)
+		s := newStoreTimeout(t, srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}), timeout)
+		ok(t, s)
+		if err := srv.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		err := timed(t, s, timeout+300*time.Millisecond)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("error %v is not a timeout", err)
+			}
+		}
+		t.Logf("hung, ContextTimeoutEnabled: %v", err)
+		if err := srv.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		ok(t, s)
+	})
+	t.Run("HungReadTimeout", func(t *testing.T) {
+		t.Parallel()
+		// Without ContextTimeoutEnabled, go-redis ignores the deadline on
+		// the socket: the client's ReadTimeout bounds the wait instead.
+		srv := redistest.Standalone(t)
+		s := newStoreTimeout(t, srv.Client(t, &redis.Options{ReadTimeout: 300 * time.Millisecond}), timeout)
+		ok(t, s)
+		if err := srv.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		err := timed(t, s, time.Second)
+		t.Logf("hung, ReadTimeout 300ms: %v", err)
+		if err := srv.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		// The connection that timed out is discarded; the next works.
+		ok(t, s)
+	})
+}
+
+func newStoreTimeout(t *testing.T, c redis.Scripter, timeout time.Duration) *Store {
+	s, err := New(c, Config{Prefix: redistest.Prefix(t), Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestTakeErrors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	s := newTestStore(t, c, srv.Prefix(t))
+	ctx := context.Background()
+	ch := window.Charge{Key: "k", Name: "r", Limit: perMinute(10), Cost: 1}
+
+	// A key of another type where a counter should be.
+	if err := c.Set(ctx, string(s.appendKey(nil, &ch)), "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Take(ctx, t0, []window.Charge{ch}, make([]window.Decision, 1))
+	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("Take on a string key: %v, want a WRONGTYPE error", err)
+	}
+	// Before the Unix epoch.
+	ch.Key = "k2"
+	if _, err := s.Take(ctx, time.Unix(-1, 0), []window.Charge{ch}, make([]window.Decision, 1)); err == nil {
+		t.Error("Take before 1970: no error")
+	}
+	// A cancelled context.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Take(cctx, t0, []window.Charge{ch}, make([]window.Decision, 1)); !errors.Is(err, context.Canceled) {
+		t.Errorf("Take with a cancelled context: %v", err)
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	t.Parallel()
+	good := func() []any {
+		r := []any{int64(1), int64(1_000)}
+		for i := 0; i < 2; i++ {
+			r = append(r, int64(1), int64(5), int64(60_000), int64(0), int64(0), int64(0), int64(4), int64(-1), int64(0), int64(0))
+		}
+		return r
+	}
+	out := make([]window.Decision, 2)
+	info := make([]counter, 2)
+	ok, now, err := parseReply(good(), []int{0, 1}, out, info)
+	if err != nil || !ok || now != 1000 || out[1] != (window.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Minute}) ||
+		info[0].rolled.Curr != 4 || info[0].existed {
+		t.Fatalf("good reply: %v %d %v %+v %+v", ok, now, err, out, info)
+	}
+	bad := map[string]func(r []any) []any{
+		"Short":         func(r []any) []any { return r[:len(r)-1] },
+		"Long":          func(r []any) []any { return append(r, int64(0)) },
+		"Empty":         func(r []any) []any { return nil },
+		"String":        func(r []any) []any { r[3] = "5"; return r },
+		"Nil":           func(r []any) []any { r[0] = nil; return r },
+		"Float":         func(r []any) []any { r[4] = 1.5; return r },
+		"AllowedTwo":    func(r []any) []any { r[0] = int64(2); return r },
+		"ChargeAllowed": func(r []any) []any { r[2] = int64(-1); return r },
+		"NegRemaining":  func(r []any) []any { r[3] = int64(-1); return r },
+		"NegReset":      func(r []any) []any { r[4] = int64(-5); return r },
+		"NegRetry":      func(r []any) []any { r[5] = int64(-2); return r },
+	}
+	for name, f := range bad {
+		if _, _, err := parseReply(f(good()), []int{0, 1}, out, info); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestNowFromScript checks the instant the script reports: the one given,
+// or the server's clock.
+func TestNowFromScript(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	s := newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+	ch := []window.Charge{{Key: "k", Name: "r", Limit: perMinute(10), Cost: 1}}
+	out := make([]window.Decision, 1)
+	_, now, err := s.take(context.Background(), t0.Add(1234*time.Millisecond), ch, out)
+	if err != nil || now != window.Millis(t0)+1234 {
+		t.Errorf("fake clock: now %d, %v; want %d", now, err, window.Millis(t0)+1234)
+	}
+	before := time.Now().UnixMilli()
+	_, now, err = s.take(context.Background(), time.Time{}, ch, out)
+	after := time.Now().UnixMilli()
+	// The server runs on this machine: same clock.
+	if err != nil || now < before-5 || now > after+5 {
+		t.Errorf("server clock: now %d, %v; want within [%d, %d]", now, err, before, after)
+	}
+}

@@ -1,0 +1,7 @@
+//go:build !unix
+
+package redistest
+
+import "os"
+
+var sigStop, sigCont os.Signal

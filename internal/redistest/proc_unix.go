@@ -1,0 +1,7 @@
+//go:build unix
+
+package redistest
+
+import "syscall"
+
+var sigStop, sigCont = syscall.SIGSTOP, syscall.SIGCONT

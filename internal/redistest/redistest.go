@@ -1,0 +1,350 @@
+// Package redistest starts real redis-server processes for tests: a
+// standalone server or a three-master Redis Cluster, each on free loopback
+// ports, with persistence off and a temporary working directory.
+//
+// Standalone and Cluster start servers owned by one test and stopped by its
+// cleanup. Shared and SharedCluster start, once per test binary, servers
+// that many tests use together; a package that calls them runs its tests
+// through Main, which stops them:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }
+//
+// Tests that share a server keep apart by using the key prefix from
+// (*Server).Prefix or (*ClusterServer).Prefix, which also deletes the keys
+// when the test ends. Nothing here ever flushes a database.
+//
+// It needs redis-server 7.0 or later (for --cluster-port and CLUSTER
+// ADDSLOTSRANGE) in PATH. When it is missing, tests are skipped, or fail if
+// the CI environment variable is set, with a message that says how to
+// install it.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// installHint says how to get the binaries the tests need.
+const installHint = "REDIS TESTS NOT RUN: redis-server (7.0 or later) is not in PATH, and these tests start real servers. " +
+	"Install it with `apt-get install -y redis-server redis-tools`, or run `make test`, which does."
+
+const (
+	startAttempts = 5
+	readyTimeout  = 10 * time.Second
+	pollInterval  = 10 * time.Millisecond
+)
+
+// Server is a redis-server process listening on a loopback port.
+type Server struct {
+	addr string
+	args []string
+	dir  string
+	// ownDir is set when dir was created here and must be removed on Stop.
+	ownDir bool
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has been waited for
+}
+
+// Standalone starts a standalone redis-server for the test and stops it
+// when the test ends.
+func Standalone(t testing.TB) *Server {
+	t.Helper()
+	requireBinary(t)
+	s, err := startServer(t.TempDir(), false, nil)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Addr returns the server's host:port.
+func (s *Server) Addr() string { return s.addr }
+
+// Client returns a client of the server, closed when the test ends. opts
+// may be nil; its Addr is set to the server's.
+func (s *Server) Client(t testing.TB, opts *redis.Options) *redis.Client {
+	t.Helper()
+	o := redis.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	o.Addr = s.addr
+	c := redis.NewClient(&o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Prefix returns a key prefix unique to the test (see the package
+// function Prefix) and deletes the keys that start with it when the test
+// ends.
+func (s *Server) Prefix(t testing.TB) string {
+	t.Helper()
+	p := Prefix(t)
+	t.Cleanup(func() { deleteKeys(s.addr, p) })
+	return p
+}
+
+// Stop kills the server and waits for it to exit. It is safe to call more
+// than once.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopLocked()
+	if s.ownDir {
+		_ = os.RemoveAll(s.dir)
+		s.ownDir = false
+	}
+}
+
+func (s *Server) stopLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// Restart stops the server if it runs and starts it again on the same port
+// and directory. Data is not kept: persistence is off.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopLocked()
+	var err error
+	// The port was just released; another process may take it, which this
+	// cannot help, but a socket in TIME_WAIT is no obstacle for Redis.
+	for attempt := 0; attempt < startAttempts; attempt++ {
+		if err = s.spawnLocked(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// Pause stops the server process with SIGSTOP, so that it keeps its
+// connections open but never answers: the way a hung server looks to its
+// clients. Resume undoes it. Stop works on a paused server. On systems
+// without SIGSTOP it returns an error.
+func (s *Server) Pause() error { return s.signal(sigStop) }
+
+// Resume continues a server stopped by Pause.
+func (s *Server) Resume() error { return s.signal(sigCont) }
+
+func (s *Server) signal(sig os.Signal) error {
+	if sig == nil {
+		return errors.New("redistest: signal not supported on this system")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// startServer starts redis-server in dir on a free port, trying again with
+// another port if the chosen one was taken in the meantime. extra holds
+// more command-line options; cluster asks for a cluster bus port too.
+func startServer(dir string, cluster bool, extra []string) (*Server, error) {
+	var lastErr error
+	for attempt := 0; attempt < startAttempts; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{
+			addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			dir:  dir,
+		}
+		s.args = []string{
+			"--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
+			"--save", "",
+			"--appendonly", "no",
+			"--dir", dir,
+			"--logfile", filepath.Join(dir, "redis-"+strconv.Itoa(port)+".log"),
+		}
+		if cluster {
+			bus, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			s.args = append(s.args,
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", filepath.Join(dir, "nodes-"+strconv.Itoa(port)+".conf"),
+				"--cluster-node-timeout", "2000",
+				"--cluster-port", strconv.Itoa(bus),
+				"--cluster-announce-ip", "127.0.0.1",
+			)
+		}
+		s.args = append(s.args, extra...)
+		s.mu.Lock()
+		lastErr = s.spawnLocked()
+		s.mu.Unlock()
+		if lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("could not start redis-server after %d attempts: %w", startAttempts, lastErr)
+}
+
+// spawnLocked starts the process and waits until it answers PING.
+func (s *Server) spawnLocked() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	s.cmd, s.done = cmd, done
+
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		select {
+		case <-done:
+			s.cmd = nil
+			return fmt.Errorf("redis-server on %s exited: %s", s.addr, s.logTail())
+		default:
+		}
+		if ping(s.addr) == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.stopLocked()
+			return fmt.Errorf("redis-server on %s did not answer PING within %s: %s", s.addr, readyTimeout, s.logTail())
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// logTail returns the end of the server's log file, for error messages.
+func (s *Server) logTail() string {
+	_, port, _ := net.SplitHostPort(s.addr)
+	b, err := os.ReadFile(filepath.Join(s.dir, "redis-"+port+".log"))
+	if err != nil {
+		return "(no log)"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// ping sends PING over a fresh connection and checks for PONG.
+func ping(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 64)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(string(buf[:n]), "+PONG") {
+		return fmt.Errorf("PING answered %q", buf[:n])
+	}
+	return nil
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		return 0, err
+	}
+	return port, nil
+}
+
+// requireBinary skips the test, or fails it under CI, when redis-server is
+// not installed.
+func requireBinary(t testing.TB) {
+	t.Helper()
+	if err := binaryError(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(installHint)
+		}
+		t.Skip(installHint)
+	}
+}
+
+func binaryError() error {
+	_, err := exec.LookPath("redis-server")
+	return err
+}
+
+// Prefix returns a key prefix unique to the test: "sluicetest:", the
+// test's name with every character outside [A-Za-z0-9_.-] replaced by '_',
+// and a random suffix, ending in ':'. It never contains '{' or '}', nor a
+// glob metacharacter.
+func Prefix(t testing.TB) string {
+	name := t.Name()
+	if len(name) > 48 {
+		name = name[len(name)-48:]
+	}
+	b := []byte(name)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '.', c == '-':
+		default:
+			b[i] = '_'
+		}
+	}
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	return "sluicetest:" + string(b) + ":" + hex.EncodeToString(r[:]) + ":"
+}
+
+// deleteKeys deletes, on the server at addr, the keys that start with
+// prefix. Errors are ignored: the server may have been stopped by the test.
+func deleteKeys(addr, prefix string) {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// One UNLINK per key: on a cluster node the keys span many slots.
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	pipe := c.Pipeline()
+	for iter.Next(ctx) {
+		pipe.Unlink(ctx, iter.Val())
+		if pipe.Len() == 500 {
+			_, _ = pipe.Exec(ctx)
+		}
+	}
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+}
