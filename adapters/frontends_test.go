@@ -1,0 +1,180 @@
+package adapters_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gofiber/fiber/v2"
+	"github.com/labstack/echo/v4"
+
+	sluiceecho "github.com/sluicehq/sluice/adapters/echo"
+	sluicefiber "github.com/sluicehq/sluice/adapters/fiber"
+	sluicegin "github.com/sluicehq/sluice/adapters/gin"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// routes are the patterns every front end serves, in net/http syntax; each
+// answers GET and POST with okBody.
+var routes = []string{"/hello", "/users/{id}", "/search", "/health"}
+
+// skipPath is the path a scenario with skip set exempts through each front
+// end's own skip hook (WithSkip for net/http).
+const skipPath = "/health"
+
+const (
+	okBody        = "ok\n"
+	okContentType = "text/plain; charset=utf-8"
+	userHeader    = "X-Test-User"
+)
+
+// userKey is where the test authentication middleware of every front end
+// puts the user named by the X-Test-User header, in the request's context.
+type userKey struct{}
+
+func userFrom(ctx context.Context) (string, bool) {
+	u, ok := ctx.Value(userKey{}).(string)
+	return u, ok
+}
+
+// frontEnd serves routes on a loopback listener, each behind the test
+// authentication middleware and then the limiter, mounted on the route so
+// that the route pattern is known to the limiter in every framework.
+type frontEnd struct {
+	name string
+	// serve starts a server and returns its base URL. newLimiter builds the
+	// limiter with the scenario's options plus extra; skip tells whether
+	// the front end's skip hook should be set.
+	serve func(t *testing.T, newLimiter func(extra ...middleware.Option) *middleware.Limiter, skip bool) string
+}
+
+var frontEnds = []frontEnd{
+	{"net/http", serveHTTP},
+	{"gin", serveGin},
+	{"echo", serveEcho},
+	{"fiber", serveFiber},
+}
+
+// colonPattern turns "/users/{id}" into "/users/:id".
+func colonPattern(p string) string {
+	return strings.NewReplacer("{", ":", "}", "").Replace(p)
+}
+
+func serveHTTP(t *testing.T, newLimiter func(...middleware.Option) *middleware.Limiter, skip bool) string {
+	var opts []middleware.Option
+	if skip {
+		opts = append(opts, middleware.WithSkip(func(r *http.Request) bool { return r.URL.Path == skipPath }))
+	}
+	lim := newLimiter(opts...)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", okContentType)
+		_, _ = w.Write([]byte(okBody))
+	})
+	auth := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if u := r.Header.Get(userHeader); u != "" {
+				r = r.WithContext(context.WithValue(r.Context(), userKey{}, u))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	mux := http.NewServeMux()
+	for _, p := range routes {
+		mux.Handle(p, auth(lim.Handler(ok)))
+	}
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func serveGin(t *testing.T, newLimiter func(...middleware.Option) *middleware.Limiter, skip bool) string {
+	cfg := sluicegin.Config{Limiter: newLimiter()}
+	if skip {
+		cfg.Skip = func(c *gin.Context) bool { return c.Request.URL.Path == skipPath }
+	}
+	limit := sluicegin.New(cfg)
+	auth := func(c *gin.Context) {
+		if u := c.GetHeader(userHeader); u != "" {
+			c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), userKey{}, u))
+		}
+	}
+	ok := func(c *gin.Context) { c.Data(http.StatusOK, okContentType, []byte(okBody)) }
+	r := gin.New()
+	for _, p := range routes {
+		r.GET(colonPattern(p), auth, limit, ok)
+		r.POST(colonPattern(p), auth, limit, ok)
+	}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func serveEcho(t *testing.T, newLimiter func(...middleware.Option) *middleware.Limiter, skip bool) string {
+	cfg := sluiceecho.DefaultConfig
+	cfg.Limiter = newLimiter()
+	if skip {
+		cfg.Skipper = func(c echo.Context) bool { return c.Request().URL.Path == skipPath }
+	}
+	limit := sluiceecho.RateLimiterWithConfig(cfg)
+	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if u := c.Request().Header.Get(userHeader); u != "" {
+				c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), userKey{}, u)))
+			}
+			return next(c)
+		}
+	}
+	ok := func(c echo.Context) error { return c.Blob(http.StatusOK, okContentType, []byte(okBody)) }
+	e := echo.New()
+	for _, p := range routes {
+		e.Match([]string{http.MethodGet, http.MethodPost}, colonPattern(p), ok, auth, limit)
+	}
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func serveFiber(t *testing.T, newLimiter func(...middleware.Option) *middleware.Limiter, skip bool) string {
+	cfg := sluicefiber.Config{Limiter: newLimiter()}
+	if skip {
+		cfg.Next = func(c *fiber.Ctx) bool { return c.Path() == skipPath }
+	}
+	limit := sluicefiber.New(cfg)
+	auth := func(c *fiber.Ctx) error {
+		if u := c.Get(userHeader); u != "" {
+			// Copy: the header's bytes are reused after the request.
+			c.SetUserContext(context.WithValue(c.UserContext(), userKey{}, strings.Clone(u)))
+		}
+		return c.Next()
+	}
+	ok := func(c *fiber.Ctx) error {
+		c.Set(fiber.HeaderContentType, okContentType)
+		return c.SendString(okBody)
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	for _, p := range routes {
+		app.Add(http.MethodGet, colonPattern(p), auth, limit, ok)
+		app.Add(http.MethodPost, colonPattern(p), auth, limit, ok)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.Listener(ln) }()
+	t.Cleanup(func() {
+		if err := app.Shutdown(); err != nil {
+			t.Errorf("fiber shutdown: %v", err)
+		}
+		_ = ln.Close() // in case Shutdown ran before the server started
+		if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Errorf("fiber: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
