@@ -4,11 +4,14 @@
 //	go run ./example                                  # in-memory store on :8080
 //	go run ./example -redis localhost:6379            # counters shared in Redis
 //	go run ./example -config example/rules.yaml       # rules from a file, hot-reloaded
+//	go run ./example -framework gin                   # or echo, fiber; default nethttp
 //	curl -i localhost:8080/
 //
 // Flags: -addr (or PORT) sets the listen address; -redis (or REDIS_URL) a
 // Redis server, host:port or redis:// URL, to share counters between
-// instances; -config a rules file, reloaded when it changes and on SIGHUP.
+// instances; -config a rules file, reloaded when it changes and on SIGHUP;
+// -framework the web framework that serves the routes, each through its
+// sluice adapter, with the same limits and answers.
 package main
 
 import (
@@ -17,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -42,8 +46,13 @@ func run(args []string) error {
 	addr := fs.String("addr", defaultAddr(), "listen address (default :$PORT or :8080)")
 	redisAddr := fs.String("redis", os.Getenv("REDIS_URL"), "Redis host:port or redis:// URL (default $REDIS_URL); empty counts in memory")
 	rulesFile := fs.String("config", "", "rules file (YAML or JSON); empty uses the built-in rules")
+	framework := fs.String("framework", "nethttp", "nethttp, gin, echo or fiber")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	serve, ok := frameworks[*framework]
+	if !ok {
+		return fmt.Errorf("unknown -framework %q: want nethttp, gin, echo or fiber", *framework)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -83,15 +92,25 @@ func run(args []string) error {
 	}
 	defer lim.Close()
 
-	srv := &http.Server{Addr: *addr, Handler: demoAuth(lim.Handler(routes())), ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	printUsage(ln.Addr().String(), *framework, store, *rulesFile)
+	return serve(ctx, ln, lim)
+}
+
+const readHeaderTimeout = 5 * time.Second
+
+// serveHTTP runs srv on ln until ctx is done, then shuts it down.
+func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	printUsage(*addr, store, *rulesFile)
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -106,20 +125,6 @@ func builtinRules() []middleware.Rule {
 		{Name: "api", Path: "/api/*", Key: keyfunc.APIKey("X-API-Key", []byte("example-secret")),
 			Limits: []middleware.Limit{middleware.PerMinute(10)}},
 	}
-}
-
-func routes() http.Handler {
-	mux := http.NewServeMux()
-	text := func(body string) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, body) }
-	}
-	mux.HandleFunc("GET /{$}", text("hello"))
-	mux.HandleFunc("GET /search", text("no results"))
-	mux.HandleFunc("GET /api/data", text(`{"data":[1,2,3]}`))
-	mux.HandleFunc("GET /api/search", text(`{"results":[]}`))
-	mux.HandleFunc("POST /api/login", text(`{"token":"demo"}`))
-	mux.HandleFunc("POST /api/upload", text(`{"stored":true}`))
-	return mux
 }
 
 // userKey is the context key of the demo's signed-in user.
@@ -174,11 +179,15 @@ func reloadOnHUP(ctx context.Context, rl *config.Reloader) {
 	}
 }
 
+// newRedis connects to addr, a host:port or a redis:// URL. The limiter's
+// store timeout can cut a call short only with ContextTimeoutEnabled.
 func newRedis(addr string) (*redis.Client, error) {
-	if u, err := redis.ParseURL(addr); err == nil {
-		return redis.NewClient(u), nil
+	opts, err := redis.ParseURL(addr)
+	if err != nil {
+		opts = &redis.Options{Addr: addr}
 	}
-	return redis.NewClient(&redis.Options{Addr: addr}), nil
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(opts), nil
 }
 
 func defaultAddr() string {
@@ -188,16 +197,15 @@ func defaultAddr() string {
 	return ":8080"
 }
 
-func printUsage(addr, store, rulesFile string) {
-	host := addr
-	if len(host) > 0 && host[0] == ':' {
-		host = "localhost" + host
+func printUsage(host, framework, store, rulesFile string) {
+	if h, port, err := net.SplitHostPort(host); err == nil && (h == "::" || h == "0.0.0.0" || h == "") {
+		host = "localhost:" + port
 	}
 	rules := "built-in rules"
 	if rulesFile != "" {
 		rules = "rules from " + rulesFile + " (edit it, or send SIGHUP, to reload)"
 	}
-	fmt.Printf("sluice example listening on %s (store: %s; %s)\n\nTry:\n", addr, store, rules)
+	fmt.Printf("sluice example (%s) listening on %s (store: %s; %s)\n\nTry:\n", framework, host, store, rules)
 	if rulesFile != "" {
 		fmt.Printf(`  curl -i http://%[1]s/api/data                          # 100/min per address
   curl -i -H 'X-User: alice' http://%[1]s/api/data       # alice is on the pro plan: 1000/min

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gofiber/fiber/v2"
+	"github.com/labstack/echo/v4"
+
+	sluiceecho "github.com/sluicehq/sluice/adapters/echo"
+	sluicefiber "github.com/sluicehq/sluice/adapters/fiber"
+	sluicegin "github.com/sluicehq/sluice/adapters/gin"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// The example's routes and their bodies, the same for every framework.
+var exampleRoutes = []struct{ method, path, body string }{
+	{http.MethodGet, "/", "hello"},
+	{http.MethodGet, "/search", "no results"},
+	{http.MethodGet, "/api/data", `{"data":[1,2,3]}`},
+	{http.MethodGet, "/api/search", `{"results":[]}`},
+	{http.MethodPost, "/api/login", `{"token":"demo"}`},
+	{http.MethodPost, "/api/upload", `{"stored":true}`},
+}
+
+// serveFunc serves lim's routes on ln until ctx is done.
+type serveFunc func(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error
+
+var frameworks = map[string]serveFunc{
+	"nethttp": serveNetHTTP,
+	"gin":     serveGin,
+	"echo":    serveEcho,
+	"fiber":   serveFiber,
+}
+
+func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+	mux := http.NewServeMux()
+	for _, rt := range exampleRoutes {
+		pattern := rt.method + " " + rt.path
+		if rt.path == "/" {
+			pattern += "{$}"
+		}
+		body := rt.body
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, body) })
+	}
+	srv := &http.Server{Handler: demoAuth(lim.Handler(mux)), ReadHeaderTimeout: readHeaderTimeout}
+	return serveHTTP(ctx, srv, ln)
+}
+
+func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(func(c *gin.Context) { // demo authentication, as demoAuth
+		if u := c.GetHeader("X-User"); u != "" {
+			c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), userKey{}, u))
+		}
+	})
+	r.Use(sluicegin.New(sluicegin.Config{Limiter: lim}))
+	for _, rt := range exampleRoutes {
+		body := rt.body
+		r.Handle(rt.method, rt.path, func(c *gin.Context) { c.String(http.StatusOK, body+"\n") })
+	}
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: readHeaderTimeout}
+	return serveHTTP(ctx, srv, ln)
+}
+
+func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // demo authentication
+		return func(c echo.Context) error {
+			if u := c.Request().Header.Get("X-User"); u != "" {
+				c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), userKey{}, u)))
+			}
+			return next(c)
+		}
+	})
+	e.Use(sluiceecho.RateLimiter(lim))
+	for _, rt := range exampleRoutes {
+		body := rt.body
+		e.Add(rt.method, rt.path, func(c echo.Context) error { return c.String(http.StatusOK, body+"\n") })
+	}
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: readHeaderTimeout}
+	return serveHTTP(ctx, srv, ln)
+}
+
+func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(func(c *fiber.Ctx) error { // demo authentication
+		if u := c.Get("X-User"); u != "" {
+			// Copy: Fiber reuses the buffer behind c.Get's result.
+			c.SetUserContext(context.WithValue(c.UserContext(), userKey{}, string([]byte(u))))
+		}
+		return c.Next()
+	})
+	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: lim}))
+	for _, rt := range exampleRoutes {
+		body := rt.body
+		app.Add(rt.method, rt.path, func(c *fiber.Ctx) error { return c.SendString(body + "\n") })
+	}
+	go func() {
+		<-ctx.Done()
+		_ = app.Shutdown()
+	}()
+	return app.Listener(ln)
+}
