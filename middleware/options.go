@@ -245,14 +245,17 @@ func WithShadowMode() Option {
 
 // WithOnDecision calls fn with every decision the limiter makes (including
 // those of shadow rules that would have denied). fn runs on the request's
-// goroutine and must be fast.
+// goroutine and must be fast. It must not keep the Request, or strings read
+// from it, past the call: Fiber reuses its buffers and Echo its contexts.
 func WithOnDecision(fn func(keyfunc.Request, Result)) Option {
 	return func(c *config) { c.hookDec = fn }
 }
 
 // WithOnError calls fn with every store failure, whatever the failure
-// policy, so that fail-open outages are seen. fn runs on the request's
-// goroutine and must be fast.
+// policy, so that fail-open outages are seen; while the circuit breaker is
+// open the store is not called, and WithOnBreakerChange reports that
+// instead. fn runs on the request's goroutine and must be fast, and must not
+// keep the Request past the call (see WithOnDecision).
 func WithOnError(fn func(keyfunc.Request, error)) Option {
 	return func(c *config) { c.hookErr = fn }
 }
