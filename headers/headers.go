@@ -36,14 +36,27 @@ const (
 	RateLimitPolicy = "RateLimit-Policy"
 )
 
-// canonical is the http.Header key of each name above.
-var canonical = map[string]string{
-	Limit:           http.CanonicalHeaderKey(Limit),
-	Remaining:       http.CanonicalHeaderKey(Remaining),
-	Reset:           http.CanonicalHeaderKey(Reset),
-	RetryAfter:      http.CanonicalHeaderKey(RetryAfter),
-	RateLimit:       http.CanonicalHeaderKey(RateLimit),
-	RateLimitPolicy: http.CanonicalHeaderKey(RateLimitPolicy),
+// The fields Write may set, by index: their names as given above and in
+// the canonical form http.Header keys take.
+const (
+	fLimit = iota
+	fRemaining
+	fReset
+	fRateLimit
+	fRetryAfter
+	fPolicy
+	nFields
+)
+
+var (
+	names     = [nFields]string{Limit, Remaining, Reset, RateLimit, RetryAfter, RateLimitPolicy}
+	canonical [nFields]string
+)
+
+func init() {
+	for i, n := range names {
+		canonical[i] = http.CanonicalHeaderKey(n)
+	}
 }
 
 // Setter sets a response header, replacing any value it had. http.Header and
@@ -101,7 +114,7 @@ type Policy struct {
 
 // AppendPolicy appends p in the form "name";q=100;w=60 to dst.
 func AppendPolicy(dst []byte, p Policy) []byte {
-	dst = strconv.AppendQuote(dst, p.Name)
+	dst = appendQuoted(dst, p.Name)
 	dst = append(dst, ";q="...)
 	dst = strconv.AppendInt(dst, int64(p.Quota), 10)
 	dst = append(dst, ";w="...)
@@ -160,7 +173,7 @@ func Write(s Setter, style Style, v *Values) {
 	var f fields
 	n := f.build(style, v)
 	for i := 0; i < n; i++ {
-		s.Set(f.names[i], f.values[i])
+		s.Set(names[f.ids[i]], f.values[i])
 	}
 }
 
@@ -175,14 +188,14 @@ func writeHeader(h http.Header, style Style, v *Values) {
 	for i := 0; i < n; i++ {
 		// Each field gets a one-element slice of cap 1 so that an Add by
 		// a later handler copies instead of writing into its neighbour.
-		h[canonical[f.names[i]]] = vals[i : i+1 : i+1]
+		h[canonical[f.ids[i]]] = vals[i : i+1 : i+1]
 	}
 }
 
-// fields holds at most six name/value pairs built into one buffer.
+// fields holds at most six fields, their values built into one buffer.
 type fields struct {
-	names  [6]string
-	values [6]string
+	ids    [nFields]int
+	values [nFields]string
 }
 
 func (f *fields) build(style Style, v *Values) int {
@@ -190,36 +203,36 @@ func (f *fields) build(style Style, v *Values) int {
 	// escaped, so size generously and let append grow if needed.
 	buf := make([]byte, 0, 96+2*len(v.Name))
 	n := 0
-	var marks [6]int
-	add := func(name string, start int) {
-		f.names[n] = name
+	var marks [nFields]int
+	add := func(id, start int) {
+		f.ids[n] = id
 		marks[n] = start
 		n++
 	}
 	if style == Both || style == Legacy {
 		start := len(buf)
 		buf = strconv.AppendInt(buf, int64(v.Limit), 10)
-		add(Limit, start)
+		add(fLimit, start)
 		start = len(buf)
 		buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
-		add(Remaining, start)
+		add(fRemaining, start)
 		start = len(buf)
 		buf = strconv.AppendInt(buf, Seconds(v.Reset), 10)
-		add(Reset, start)
+		add(fReset, start)
 	}
 	if style == Both || style == Draft {
 		start := len(buf)
-		buf = strconv.AppendQuote(buf, v.Name)
+		buf = appendQuoted(buf, v.Name)
 		buf = append(buf, ";r="...)
 		buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, Seconds(v.Reset), 10)
-		add(RateLimit, start)
+		add(fRateLimit, start)
 	}
 	if v.RetryAfter > 0 {
 		start := len(buf)
 		buf = strconv.AppendInt(buf, Seconds(v.RetryAfter), 10)
-		add(RetryAfter, start)
+		add(fRetryAfter, start)
 	}
 	// buf is never written again, so its bytes can back the strings.
 	all := unsafe.String(unsafe.SliceData(buf), len(buf))
@@ -231,8 +244,26 @@ func (f *fields) build(style Style, v *Values) int {
 		f.values[i] = all[marks[i]:end]
 	}
 	if (style == Both || style == Draft) && v.Policy != "" {
-		f.names[n], f.values[n] = RateLimitPolicy, v.Policy
+		f.ids[n], f.values[n] = fPolicy, v.Policy
 		n++
 	}
 	return n
+}
+
+// appendQuoted appends s as a structured-field string: in double quotes,
+// with backslash and double quote escaped. Other bytes outside printable
+// ASCII cannot be sent and are replaced by '?'.
+func appendQuoted(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
 }
