@@ -9,12 +9,12 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testclock"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -439,24 +439,6 @@ func expect(w want, style headers.Style) response {
 	return r
 }
 
-// clock is a fake clock that steps only when told.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // storeFor returns a store for one front end, or nil for the limiter's own
 // in-memory store.
 type storeFor func(t *testing.T, frontEnd string) middleware.Store
@@ -529,7 +511,7 @@ func runScenario(t *testing.T, sc scenario, storeFor storeFor) {
 // play sends the scenario's requests to a fresh server of fe and returns
 // the responses.
 func play(t *testing.T, sc scenario, fe frontEnd, storeFor storeFor) []response {
-	clk := &clock{now: t0}
+	clk := testclock.New(t0)
 	newLimiter := func(extra ...middleware.Option) *middleware.Limiter {
 		opts := []middleware.Option{middleware.WithClock(clk.Now), middleware.WithHeaderStyle(sc.style)}
 		switch {
@@ -555,7 +537,7 @@ func play(t *testing.T, sc scenario, fe frontEnd, storeFor storeFor) []response 
 
 	out := make([]response, len(sc.steps))
 	for j, st := range sc.steps {
-		clk.advance(st.advance)
+		clk.Add(st.advance)
 		method := st.method
 		if method == "" {
 			method = http.MethodGet

@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -89,4 +91,24 @@ func ExampleWithFailurePolicy() {
 	defer lim.Close()
 	fmt.Println("ok")
 	// Output: ok
+}
+
+// Counters in Redis are shared by every app server that uses the same
+// Redis; the decision is one atomic script call on the server's clock.
+func ExampleNewRedisStore() {
+	client := redis.NewClient(&redis.Options{
+		Addr:                  "localhost:6379",
+		ContextTimeoutEnabled: true, // lets the store's timeout cut a hung call short
+	})
+	defer client.Close()
+	store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: "myapp:ratelimit:"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := middleware.New(middleware.PerMinute(100), keyfunc.RemoteIP(), middleware.WithStore(store))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	http.Handle("/", lim.Handler(http.NotFoundHandler()))
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/testclock"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -19,17 +20,9 @@ import (
 // t0 is 30 s into a minute.
 var t0 = time.Date(2030, 1, 1, 12, 0, 30, 0, time.UTC)
 
-// fakeClock is a settable clock.
-type fakeClock struct{ ns atomic.Int64 }
+// newClock returns a fake clock frozen at t.
+func newClock(t time.Time) *testclock.Clock { return testclock.New(t) }
 
-func newClock(t time.Time) *fakeClock {
-	c := &fakeClock{}
-	c.ns.Store(t.UnixNano())
-	return c
-}
-func (c *fakeClock) Now() time.Time      { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *fakeClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
-func (c *fakeClock) Set(t time.Time)     { c.ns.Store(t.UnixNano()) }
 func newLimiter(t *testing.T, l middleware.Limit, key keyfunc.Func, opts ...middleware.Option) *middleware.Limiter {
 	t.Helper()
 	lim, err := middleware.New(l, key, opts...)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/testclock"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -27,20 +28,11 @@ import (
 // two windows.
 var rulesT0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
-// rulesClock is a clock frozen at an instant that tests move by hand.
-type rulesClock struct{ ns atomic.Int64 }
-
-func newRulesClock() *rulesClock {
-	c := &rulesClock{}
-	c.ns.Store(rulesT0.UnixNano())
-	return c
-}
-
-func (c *rulesClock) Now() time.Time      { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *rulesClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
+// newRulesClock returns a fake clock frozen at rulesT0.
+func newRulesClock() *testclock.Clock { return testclock.New(rulesT0) }
 
 // newRulesLimiter returns a Limiter with rules on a frozen clock.
-func newRulesLimiter(t testing.TB, rules []middleware.Rule, opts ...middleware.Option) (*middleware.Limiter, *rulesClock) {
+func newRulesLimiter(t testing.TB, rules []middleware.Rule, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
 	t.Helper()
 	clk := newRulesClock()
 	lim, err := middleware.NewRules(rules, append([]middleware.Option{middleware.WithClock(clk.Now)}, opts...)...)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/testclock"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
@@ -24,17 +25,8 @@ import (
 // t0 is the start of a minute and of an hour.
 var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
-// clock is a clock frozen at an instant that tests move by hand.
-type clock struct{ ns atomic.Int64 }
-
-func newClock() *clock {
-	c := &clock{}
-	c.ns.Store(t0.UnixNano())
-	return c
-}
-
-func (c *clock) Now() time.Time      { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *clock) Add(d time.Duration) { c.ns.Add(int64(d)) }
+// newClock returns a fake clock frozen at t0.
+func newClock() *testclock.Clock { return testclock.New(t0) }
 
 // userKey is where the tests' authentication stores the user.
 type userKey struct{}
@@ -80,7 +72,7 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
 
 // limiter builds a Limiter from cfg on a frozen clock.
-func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*middleware.Limiter, *clock) {
+func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
 	t.Helper()
 	clk := newClock()
 	lim, err := middleware.NewRules(cfg.Rules, append(append(cfg.Options(), middleware.WithClock(clk.Now)), opts...)...)
