@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/middleware/config"
+)
+
+// TestExampleServers runs the example's routes on every framework, with the
+// built-in rules and with example/rules.yaml, and checks the limits the
+// example advertises.
+func TestExampleServers(t *testing.T) {
+	t.Parallel()
+	type probe struct {
+		method, path string
+		header       [2]string
+		times        int // send it this many times
+		want         int // status of the last one
+	}
+	builtin := []probe{
+		{"GET", "/search", [2]string{}, 5, 200},
+		{"GET", "/search", [2]string{}, 1, 429},
+		{"GET", "/api/data", [2]string{}, 1, 400},
+		{"GET", "/api/data", [2]string{"X-API-Key", "demo"}, 10, 200},
+		{"GET", "/api/data", [2]string{"X-API-Key", "demo"}, 1, 429},
+		{"GET", "/api/data", [2]string{"X-API-Key", "other"}, 1, 200},
+	}
+	fromFile := []probe{
+		{"POST", "/api/login", [2]string{}, 5, 200},
+		{"POST", "/api/login", [2]string{}, 1, 429},
+		{"POST", "/api/login", [2]string{"X-User", "alice"}, 1, 429}, // login counts per address
+		{"GET", "/api/data", [2]string{"X-User", "bob"}, 1, 200},
+	}
+	for name, serve := range frameworks {
+		for _, file := range []bool{false, true} {
+			t.Run(name+map[bool]string{false: "/builtin", true: "/rules.yaml"}[file], func(t *testing.T) {
+				t.Parallel()
+				var lim *middleware.Limiter
+				probes := builtin
+				if file {
+					rl, err := config.Open("rules.yaml", demoEnv)
+					if err != nil {
+						t.Fatal(err)
+					}
+					lim, probes = rl.Limiter(), fromFile
+				} else {
+					var err error
+					if lim, err = middleware.NewRules(builtinRules()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				t.Cleanup(func() { lim.Close() })
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- serve(ctx, ln, lim) }()
+				t.Cleanup(func() {
+					cancel()
+					if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
+						t.Errorf("serve: %v", err)
+					}
+				})
+				client := &http.Client{Timeout: 5 * time.Second}
+				for _, p := range probes {
+					var code int
+					for range p.times {
+						req, _ := http.NewRequest(p.method, "http://"+ln.Addr().String()+p.path, nil)
+						if p.header[0] != "" {
+							req.Header.Set(p.header[0], p.header[1])
+						}
+						resp, err := client.Do(req)
+						if err != nil {
+							t.Fatal(err)
+						}
+						resp.Body.Close()
+						code = resp.StatusCode
+					}
+					if code != p.want {
+						t.Fatalf("%s %s %v ×%d: status %d, want %d", p.method, p.path, p.header, p.times, code, p.want)
+					}
+				}
+			})
+		}
+	}
+}
