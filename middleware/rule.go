@@ -128,7 +128,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 	}
 	m, err := compileMatcher(r.Path)
 	if err != nil {
-		return nil, errorf("%v", err)
+		return nil, errorf("path %v", err)
 	}
 	c := &compiledRule{Rule: r, match: m}
 	c.Limits = append([]Limit(nil), r.Limits...)
@@ -281,12 +281,19 @@ type matcher struct {
 	wildcard bool     // the pattern ends in /*
 }
 
+// ValidatePath reports whether p is a valid Rule.Path pattern, with an
+// error that says what is wrong when it is not.
+func ValidatePath(p string) error {
+	_, err := compileMatcher(p)
+	return err
+}
+
 func compileMatcher(p string) (matcher, error) {
 	if p == "" || p == "/*" || p == "*" {
 		return matcher{all: true}, nil
 	}
 	if !strings.HasPrefix(p, "/") {
-		return matcher{}, fmt.Errorf("path %q must start with /", p)
+		return matcher{}, fmt.Errorf("%q must start with /", p)
 	}
 	var m matcher
 	rest := p[1:]
@@ -297,12 +304,16 @@ func compileMatcher(p string) (matcher, error) {
 	if rest == "" {
 		return m, nil
 	}
-	for _, s := range strings.Split(rest, "/") {
+	for s := range strings.SplitSeq(rest, "/") {
 		switch {
-		case s == "*" || (strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && len(s) > 2):
+		case s == "*" || len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}*"):
 			m.segs = append(m.segs, "")
-		case s == "" || s == "." || s == ".." || strings.ContainsAny(s, "*{}"):
-			return matcher{}, fmt.Errorf("path %q: bad segment %q", p, s)
+		case s == "":
+			return matcher{}, fmt.Errorf("%q has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes", p)
+		case s == "." || s == "..":
+			return matcher{}, fmt.Errorf("%q has a %q segment: requests are matched by their cleaned path, without dot segments", p, s)
+		case strings.ContainsAny(s, "*{}"):
+			return matcher{}, fmt.Errorf("%q: bad segment %q: * and {name} stand for whole segments", p, s)
 		default:
 			m.segs = append(m.segs, s)
 		}

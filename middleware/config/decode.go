@@ -296,8 +296,8 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) 
 			if !ok {
 				return
 			}
-			if err := checkPath(s); err != "" {
-				d.errorf(v, fpath, "%s", err)
+			if err := middleware.ValidatePath(s); err != nil {
+				d.errorf(v, fpath, "%v", err)
 				return
 			}
 			p = s
@@ -329,36 +329,6 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) 
 		}
 	})
 	return p, methods
-}
-
-// checkPath reports what is wrong with a path pattern, as the Limiter would
-// reject it, or "".
-func checkPath(p string) string {
-	if p == "" || p == "/*" || p == "*" {
-		return ""
-	}
-	if !strings.HasPrefix(p, "/") {
-		return fmt.Sprintf("%q must start with /", p)
-	}
-	rest := p[1:]
-	if strings.HasSuffix(rest, "/*") || rest == "*" {
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "*"), "/")
-	}
-	if rest == "" {
-		return ""
-	}
-	for seg := range strings.SplitSeq(rest, "/") {
-		switch {
-		case seg == "*" || len(seg) > 2 && seg[0] == '{' && seg[len(seg)-1] == '}' && !strings.ContainsAny(seg[1:len(seg)-1], "{}*"):
-		case seg == "":
-			return fmt.Sprintf("%q has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes", p)
-		case seg == "." || seg == "..":
-			return fmt.Sprintf("%q has a %q segment: requests are matched by their cleaned path, without dot segments", p, seg)
-		case strings.ContainsAny(seg, "*{}"):
-			return fmt.Sprintf("%q: bad segment %q: * and {name} stand for whole segments", p, seg)
-		}
-	}
-	return ""
 }
 
 // limits decodes a list of limits.
