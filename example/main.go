@@ -179,8 +179,8 @@ func reloadOnHUP(ctx context.Context, rl *config.Reloader) {
 	}
 }
 
-// newRedis connects to addr, a host:port or a redis:// URL. The limiter's
-// store timeout can cut a call short only with ContextTimeoutEnabled.
+// newRedis connects to addr, a host:port or a redis:// URL, with
+// ContextTimeoutEnabled so that the store's timeout ends a hung call at once.
 func newRedis(addr string) (*redis.Client, error) {
 	opts, err := redis.ParseURL(addr)
 	if err != nil {

@@ -98,7 +98,7 @@ func ExampleWithFailurePolicy() {
 func ExampleNewRedisStore() {
 	client := redis.NewClient(&redis.Options{
 		Addr:                  "localhost:6379",
-		ContextTimeoutEnabled: true, // lets the store's timeout cut a hung call short
+		ContextTimeoutEnabled: true, // lets the store's timeout end a hung call at once
 	})
 	defer client.Close()
 	store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: "myapp:ratelimit:"})

@@ -14,10 +14,12 @@ type RedisConfig struct {
 	// may not contain '{' or '}'.
 	Prefix string
 	// Timeout bounds each Take, on top of the request context's deadline;
-	// 0 means 100ms and a negative value means no bound of its own. For
-	// the bound to cut short a read from a server that hangs, create the
-	// client with redis.Options.ContextTimeoutEnabled set; otherwise
-	// go-redis waits for its ReadTimeout (3s by default).
+	// 0 means 100ms and a negative value means no bound of its own. A
+	// server that hangs holds a request no longer than that. go-redis ends
+	// a hung read at a context deadline only when the client was created
+	// with ContextTimeoutEnabled; with other clients the store runs the call
+	// on a goroutine of its own and stops waiting at the deadline, so set
+	// ContextTimeoutEnabled to spare that goroutine.
 	Timeout time.Duration
 }
 

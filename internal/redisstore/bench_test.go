@@ -156,3 +156,40 @@ func runConcurrent(b *testing.B, conc, n int, op func(i int, ch []window.Charge,
 	}
 	return all
 }
+
+// BenchmarkTakeTimeout is the price of the default 100 ms store timeout, one
+// decision at a time on one hot key: with a client that honours context
+// deadlines (ContextTimeoutEnabled), and with one that does not, where Take
+// waits for the script on a goroutine of its own.
+//
+//	go test -run '^$' -bench BenchmarkTakeTimeout -benchmem -count 5 ./internal/redisstore/
+func BenchmarkTakeTimeout(b *testing.B) {
+	srv := redistest.Standalone(b)
+	prefix := srv.Prefix(b)
+	big := window.Limit{Requests: 1 << 30, Window: time.Minute}
+	for _, tc := range []struct {
+		name    string
+		opts    *redis.Options
+		timeout time.Duration
+	}{
+		{"no-timeout", nil, -1},
+		{"context-timeout", &redis.Options{ContextTimeoutEnabled: true}, 0},
+		{"detached", nil, 0},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, err := New(srv.Client(b, tc.opts), Config{Prefix: prefix, Timeout: tc.timeout})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ch := []window.Charge{{Key: "ip:203.0.113.7", Name: "per-ip", Limit: big, Cost: 1}}
+			out := make([]window.Decision, 1)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.Take(ctx, time.Time{}, ch, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -134,6 +134,11 @@ type Config struct {
 	// network reads and writes only when the client was created with
 	// Options.ContextTimeoutEnabled set; otherwise a server that stops
 	// answering is detected only after the client's ReadTimeout.
+	//
+	// With such a client Take still returns at the deadline: it waits for
+	// the script on a goroutine of its own (see Take). Setting
+	// ContextTimeoutEnabled avoids that goroutine and frees the connection
+	// at once.
 	Timeout time.Duration
 }
 
@@ -145,7 +150,13 @@ type Store struct {
 	timeout time.Duration
 	// split is set for clients that route each command to a shard by its
 	// first key: requests with several Keys are then run once per Key.
-	split   bool
+	split bool
+	// detach is set for clients that may not honour a context's deadline
+	// on network reads (go-redis without Options.ContextTimeoutEnabled, or
+	// a client of unknown type): Take then waits for the script on its own
+	// goroutine only until the deadline, instead of the client's
+	// ReadTimeout.
+	detach  bool
 	scratch sync.Pool
 }
 
@@ -178,16 +189,19 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
+		s.detach = !c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
-		s.split = true
+		s.split, s.detach = true, !c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
-		s.split = true
+		s.split, s.detach = true, !c.Options().ContextTimeoutEnabled
+	default:
+		s.detach = true
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -209,9 +223,58 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 // interface of package middleware. The zero now means the Redis server's
 // clock. It writes one Decision per charge into out and reports whether the
 // request was admitted. A non-nil error means nothing was counted.
+//
+// Take returns when its context is done (at the latest after
+// Config.Timeout) even if the client would wait longer for a server that
+// stopped answering: with a client that does not honour context deadlines
+// on reads, the script runs on a goroutine of its own that Take stops
+// waiting for. A decision that arrives after Take returned is discarded;
+// its charge, if any, stays counted, which errs on the side of denying.
 func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
-	allowed, _, err := s.take(ctx, now, charges, out)
-	return allowed, err
+	if !s.detach {
+		allowed, _, err := s.take(ctx, now, charges, out)
+		return allowed, err
+	}
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	if ctx.Done() == nil { // no deadline to keep
+		allowed, _, err := s.take(ctx, now, charges, out)
+		return allowed, err
+	}
+	// The goroutine may outlive this call, so it gets copies: the caller
+	// may reuse charges, their Keys and out once Take returns.
+	call := &detachedCall{
+		charges: make([]window.Charge, len(charges)),
+		out:     make([]window.Decision, len(out)),
+		done:    make(chan struct{}),
+	}
+	for i, c := range charges {
+		c.Key = strings.Clone(c.Key)
+		call.charges[i] = c
+	}
+	go func() {
+		defer close(call.done)
+		call.allowed, _, call.err = s.take(ctx, now, call.charges, call.out)
+	}()
+	select {
+	case <-call.done:
+		copy(out, call.out)
+		return call.allowed, call.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
+	}
+}
+
+// detachedCall is a Take running on a goroutine of its own.
+type detachedCall struct {
+	charges []window.Charge
+	out     []window.Decision
+	allowed bool
+	err     error
+	done    chan struct{}
 }
 
 // take is Take that also returns the instant, in Unix milliseconds, at which

@@ -636,22 +636,29 @@ func TestRedisDown(t *testing.T) {
 		}
 		ok(t, s)
 	})
-	t.Run("HungReadTimeout", func(t *testing.T) {
+	t.Run("HungWithoutContextTimeout", func(t *testing.T) {
 		t.Parallel()
 		// Without ContextTimeoutEnabled, go-redis ignores the deadline on
-		// the socket: the client's ReadTimeout bounds the wait instead.
+		// the socket and would wait for its ReadTimeout (30 s here): the
+		// store stops waiting at its own deadline instead.
 		srv := redistest.Standalone(t)
-		s := newStoreTimeout(t, srv.Client(t, &redis.Options{ReadTimeout: 300 * time.Millisecond}), timeout)
+		s := newStoreTimeout(t, srv.Client(t, &redis.Options{ReadTimeout: 30 * time.Second}), timeout)
+		if !s.detach {
+			t.Fatal("store does not detach calls of a client without ContextTimeoutEnabled")
+		}
 		ok(t, s)
 		if err := srv.Pause(); err != nil {
 			t.Fatal(err)
 		}
-		err := timed(t, s, time.Second)
-		t.Logf("hung, ReadTimeout 300ms: %v", err)
+		err := timed(t, s, timeout+300*time.Millisecond)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("error %v is not a deadline", err)
+		}
+		t.Logf("hung, no ContextTimeoutEnabled: %v", err)
 		if err := srv.Resume(); err != nil {
 			t.Fatal(err)
 		}
-		// The connection that timed out is discarded; the next works.
+		// The call left behind completes; the store goes on working.
 		ok(t, s)
 	})
 }
