@@ -233,7 +233,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	if len(out) != len(charges) {
 		return false, fmt.Errorf("memstore: %d decisions for %d charges, want as many", len(out), len(charges))
 	}
-	over := false // some charge costs more than its limit
 	for i := range charges {
 		c := &charges[i]
 		if err := c.Limit.Validate(); err != nil {
@@ -242,7 +241,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		if c.Cost < 0 {
 			return false, fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
 		}
-		over = over || c.Cost > c.Limit.Requests
 	}
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("memstore: %w", err)
@@ -321,19 +319,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		}
 	}
 
-	decide := charges
-	if over {
-		// Any cost above the limit decides as the limit plus one does, and
-		// a huge one would overflow window.Take's integer products.
-		var buf [inlineCharges]window.Charge
-		decide = append(buf[:0], charges...)
-		for i := range decide {
-			if c := &decide[i]; c.Cost > c.Limit.Requests {
-				c.Cost = c.Limit.Requests + 1
-			}
-		}
-	}
-	allowed := window.Take(states, ms, decide, out)
+	allowed := window.Take(states, ms, charges, out)
 
 	if allowed {
 		s.charge(works, states, sums, charges, ms)
