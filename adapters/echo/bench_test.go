@@ -9,6 +9,7 @@ import (
 	echomw "github.com/labstack/echo/v4/middleware"
 
 	sluiceecho "github.com/sluicehq/sluice/adapters/echo"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -23,7 +24,7 @@ func BenchmarkEcho(b *testing.B) {
 	}{
 		{"baseline", func(*testing.B) []echo.MiddlewareFunc { return nil }},
 		{"sluice", func(b *testing.B) []echo.MiddlewareFunc {
-			return []echo.MiddlewareFunc{sluiceecho.RateLimiter(newLimiter(b, 1e9, keyfunc.RemoteIP()))}
+			return []echo.MiddlewareFunc{sluiceecho.RateLimiter(limitertest.New(b, 1e9, keyfunc.RemoteIP()))}
 		}},
 		{"echo-ratelimiter", func(*testing.B) []echo.MiddlewareFunc {
 			store := echomw.NewRateLimiterMemoryStoreWithConfig(echomw.RateLimiterMemoryStoreConfig{Rate: 1e9, Burst: 1e9})

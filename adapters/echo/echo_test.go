@@ -3,7 +3,6 @@ package sluiceecho_test
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,29 +10,10 @@ import (
 	"github.com/labstack/echo/v4"
 
 	sluiceecho "github.com/sluicehq/sluice/adapters/echo"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
-
-func newLimiter(tb testing.TB, n int, key keyfunc.Func, opts ...middleware.Option) *middleware.Limiter {
-	tb.Helper()
-	lim, err := middleware.New(middleware.PerMinute(n), key, opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = lim.Close() })
-	return lim
-}
-
-func serve(e *echo.Echo, target string, header ...string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodGet, target, nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	rec := httptest.NewRecorder()
-	e.ServeHTTP(rec, req)
-	return rec
-}
 
 func TestPanicsWithoutLimiter(t *testing.T) {
 	t.Parallel()
@@ -58,11 +38,11 @@ func TestPanicsWithoutLimiter(t *testing.T) {
 func TestUse(t *testing.T) {
 	t.Parallel()
 	e := echo.New()
-	e.Use(sluiceecho.RateLimiter(newLimiter(t, 1, keyfunc.Route())))
+	e.Use(sluiceecho.RateLimiter(limitertest.New(t, 1, keyfunc.Route())))
 	reached := 0
 	e.GET("/users/:id", func(c echo.Context) error { reached++; return nil })
 	for i, want := range []int{200, 429} {
-		if rec := serve(e, "/users/"+strconv.Itoa(i)); rec.Code != want {
+		if rec := limitertest.Get(e, "/users/"+strconv.Itoa(i)); rec.Code != want {
 			t.Errorf("request %d: status %d, want %d", i, rec.Code, want)
 		}
 	}
@@ -77,7 +57,7 @@ func TestHTTPError(t *testing.T) {
 	t.Parallel()
 	var gotErr error
 	cfg := sluiceecho.DefaultConfig
-	cfg.Limiter = newLimiter(t, 1, keyfunc.Header("X-Tenant"))
+	cfg.Limiter = limitertest.New(t, 1, keyfunc.Header("X-Tenant"))
 	cfg.DenyHandler = func(c echo.Context, res middleware.Result) error {
 		if res.Allowed || res.Limit.Requests != 1 || res.RetryAfter <= 0 {
 			t.Errorf("DenyHandler got %+v", res)
@@ -92,15 +72,15 @@ func TestHTTPError(t *testing.T) {
 	e.Use(sluiceecho.RateLimiterWithConfig(cfg))
 	e.GET("/", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
 
-	if rec := serve(e, "/", "X-Tenant", "a"); rec.Code != http.StatusOK {
+	if rec := limitertest.Get(e, "/", "X-Tenant", "a"); rec.Code != http.StatusOK {
 		t.Errorf("first request: %d", rec.Code)
 	}
-	rec := serve(e, "/", "X-Tenant", "a")
+	rec := limitertest.Get(e, "/", "X-Tenant", "a")
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" ||
 		rec.Header().Get("X-RateLimit-Limit") != "1" || !strings.Contains(rec.Body.String(), "rate limit exceeded") {
 		t.Errorf("denied request: %d %v %q", rec.Code, rec.Header(), rec.Body)
 	}
-	if rec := serve(e, "/"); rec.Code != http.StatusUnauthorized {
+	if rec := limitertest.Get(e, "/"); rec.Code != http.StatusUnauthorized {
 		t.Errorf("request without key: %d", rec.Code)
 	}
 	if !errors.Is(gotErr, keyfunc.ErrNoKey) {
@@ -119,9 +99,9 @@ func TestRemoteAddrIsPeer(t *testing.T) {
 		return k, err
 	}
 	e := echo.New()
-	e.Use(sluiceecho.RateLimiter(newLimiter(t, 10, key)))
+	e.Use(sluiceecho.RateLimiter(limitertest.New(t, 10, key)))
 	e.GET("/", func(c echo.Context) error { return nil })
-	serve(e, "/", "X-Forwarded-For", "203.0.113.9, 198.51.100.1", "X-Real-IP", "203.0.113.8")
+	limitertest.Get(e, "/", "X-Forwarded-For", "203.0.113.9, 198.51.100.1", "X-Real-IP", "203.0.113.8")
 	if len(keys) != 1 || keys[0] != "ip:192.0.2.1" { // httptest.NewRequest's peer
 		t.Errorf("keys = %q, want [ip:192.0.2.1]", keys)
 	}

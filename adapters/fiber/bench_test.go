@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	sluicefiber "github.com/sluicehq/sluice/adapters/fiber"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -25,7 +26,7 @@ func BenchmarkFiber(b *testing.B) {
 	}{
 		{"baseline", func(*testing.B) []fiber.Handler { return nil }},
 		{"sluice", func(b *testing.B) []fiber.Handler {
-			return []fiber.Handler{sluicefiber.New(sluicefiber.Config{Limiter: newLimiter(b, 1e9, keyfunc.RemoteIP())})}
+			return []fiber.Handler{sluicefiber.New(sluicefiber.Config{Limiter: limitertest.New(b, 1e9, keyfunc.RemoteIP())})}
 		}},
 		{"fiber-limiter", func(*testing.B) []fiber.Handler {
 			return []fiber.Handler{limiter.New(limiter.Config{Max: 1e9, Expiration: time.Minute})}

@@ -13,19 +13,10 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	sluicefiber "github.com/sluicehq/sluice/adapters/fiber"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
-
-func newLimiter(tb testing.TB, n int, key keyfunc.Func, opts ...middleware.Option) *middleware.Limiter {
-	tb.Helper()
-	lim, err := middleware.New(middleware.PerMinute(n), key, opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = lim.Close() })
-	return lim
-}
 
 func do(t *testing.T, app *fiber.App, target string, header ...string) (*http.Response, string) {
 	t.Helper()
@@ -74,8 +65,8 @@ func TestRoute(t *testing.T) {
 		return keyfunc.Route()(r)
 	}
 	app := fiber.New()
-	app.Use("/api", sluicefiber.New(sluicefiber.Config{Limiter: newLimiter(t, 10, key)}))
-	app.Get("/api/users/:id", sluicefiber.New(sluicefiber.Config{Limiter: newLimiter(t, 10, key)}), func(c *fiber.Ctx) error {
+	app.Use("/api", sluicefiber.New(sluicefiber.Config{Limiter: limitertest.New(t, 10, key)}))
+	app.Get("/api/users/:id", sluicefiber.New(sluicefiber.Config{Limiter: limitertest.New(t, 10, key)}), func(c *fiber.Ctx) error {
 		return nil
 	})
 	do(t, app, "/api/users/7")
@@ -90,7 +81,7 @@ func TestCustomHandlers(t *testing.T) {
 	var gotErr error
 	app := fiber.New()
 	app.Use(sluicefiber.New(sluicefiber.Config{
-		Limiter: newLimiter(t, 1, keyfunc.Header("X-Tenant")),
+		Limiter: limitertest.New(t, 1, keyfunc.Header("X-Tenant")),
 		Next:    func(c *fiber.Ctx) bool { return c.Path() == "/healthz" },
 		LimitReached: func(c *fiber.Ctx) error {
 			res, ok := sluicefiber.ResultFrom(c)
@@ -144,7 +135,7 @@ func TestRemoteAddrIsPeer(t *testing.T) {
 		return k, err
 	}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, ProxyHeader: fiber.HeaderXForwardedFor})
-	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: newLimiter(t, 10, key)}))
+	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: limitertest.New(t, 10, key)}))
 	ips := make(chan string, 1)
 	app.Get("/", func(c *fiber.Ctx) error { ips <- strings.Clone(c.IP()); return nil })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -190,7 +181,7 @@ func TestValues(t *testing.T) {
 		return "k", nil
 	}
 	app := fiber.New()
-	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: newLimiter(t, 10, key)}))
+	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: limitertest.New(t, 10, key)}))
 	app.Get("/", func(c *fiber.Ctx) error { return nil })
 	do(t, app, "/", "X-Forwarded-For", "192.0.2.1", "X-Forwarded-For", "192.0.2.2, 192.0.2.3")
 	if want := []string{"192.0.2.1", "192.0.2.2, 192.0.2.3", "0"}; strings.Join(got, "|") != strings.Join(want, "|") {

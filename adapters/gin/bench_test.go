@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	sluicegin "github.com/sluicehq/sluice/adapters/gin"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -21,7 +22,7 @@ func BenchmarkGin(b *testing.B) {
 	}{
 		{"baseline", func(*testing.B) []gin.HandlerFunc { return nil }},
 		{"sluice", func(b *testing.B) []gin.HandlerFunc {
-			return []gin.HandlerFunc{sluicegin.New(sluicegin.Config{Limiter: newLimiter(b, 1e9, keyfunc.RemoteIP())})}
+			return []gin.HandlerFunc{sluicegin.New(sluicegin.Config{Limiter: limitertest.New(b, 1e9, keyfunc.RemoteIP())})}
 		}},
 	}
 	for _, bc := range cases {

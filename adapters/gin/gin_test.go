@@ -3,7 +3,6 @@ package sluicegin_test
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,31 +10,12 @@ import (
 	"github.com/gin-gonic/gin"
 
 	sluicegin "github.com/sluicehq/sluice/adapters/gin"
+	"github.com/sluicehq/sluice/internal/limitertest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
 
 func init() { gin.SetMode(gin.TestMode) }
-
-func newLimiter(tb testing.TB, n int, key keyfunc.Func, opts ...middleware.Option) *middleware.Limiter {
-	tb.Helper()
-	lim, err := middleware.New(middleware.PerMinute(n), key, opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = lim.Close() })
-	return lim
-}
-
-func serve(r *gin.Engine, target string, header ...string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodGet, target, nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	rec := httptest.NewRecorder()
-	r.ServeHTTP(rec, req)
-	return rec
-}
 
 func TestNewPanicsWithoutLimiter(t *testing.T) {
 	t.Parallel()
@@ -52,11 +32,11 @@ func TestNewPanicsWithoutLimiter(t *testing.T) {
 func TestUse(t *testing.T) {
 	t.Parallel()
 	r := gin.New()
-	r.Use(sluicegin.New(sluicegin.Config{Limiter: newLimiter(t, 1, keyfunc.Route())}))
+	r.Use(sluicegin.New(sluicegin.Config{Limiter: limitertest.New(t, 1, keyfunc.Route())}))
 	reached := 0
 	r.GET("/users/:id", func(c *gin.Context) { reached++ })
 	for i, want := range []int{200, 429} {
-		rec := serve(r, "/users/"+strconv.Itoa(i))
+		rec := limitertest.Get(r, "/users/"+strconv.Itoa(i))
 		if rec.Code != want {
 			t.Errorf("request %d: status %d, want %d", i, rec.Code, want)
 		}
@@ -71,7 +51,7 @@ func TestCustomHandlers(t *testing.T) {
 	var gotRes middleware.Result
 	var gotErr error
 	cfg := sluicegin.Config{
-		Limiter: newLimiter(t, 1, keyfunc.Header("X-Tenant")),
+		Limiter: limitertest.New(t, 1, keyfunc.Header("X-Tenant")),
 		DenyHandler: func(c *gin.Context) {
 			res, ok := sluicegin.ResultFrom(c)
 			if !ok {
@@ -94,17 +74,17 @@ func TestCustomHandlers(t *testing.T) {
 		c.String(http.StatusOK, "ok")
 	})
 
-	if rec := serve(r, "/", "X-Tenant", "a"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "0" {
+	if rec := limitertest.Get(r, "/", "X-Tenant", "a"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "0" {
 		t.Errorf("first request: %d %v", rec.Code, rec.Header())
 	}
-	rec := serve(r, "/", "X-Tenant", "a")
+	rec := limitertest.Get(r, "/", "X-Tenant", "a")
 	if rec.Code != http.StatusTeapot || rec.Body.String() != "slow down" || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("denied request: %d %v %q", rec.Code, rec.Header(), rec.Body)
 	}
 	if gotRes.Allowed || gotRes.Limit.Requests != 1 || gotRes.RetryAfter <= 0 {
 		t.Errorf("DenyHandler saw %+v", gotRes)
 	}
-	rec = serve(r, "/")
+	rec = limitertest.Get(r, "/")
 	if rec.Code != http.StatusUnauthorized || rec.Body.String() != "who are you" {
 		t.Errorf("request without key: %d %q", rec.Code, rec.Body)
 	}
@@ -124,9 +104,9 @@ func TestRemoteAddrIsPeer(t *testing.T) {
 		return k, err
 	}
 	r := gin.New() // trusts every proxy by default
-	r.Use(sluicegin.New(sluicegin.Config{Limiter: newLimiter(t, 10, key)}))
+	r.Use(sluicegin.New(sluicegin.Config{Limiter: limitertest.New(t, 10, key)}))
 	r.GET("/", func(c *gin.Context) {})
-	serve(r, "/", "X-Forwarded-For", "203.0.113.9", "X-Real-IP", "203.0.113.8")
+	limitertest.Get(r, "/", "X-Forwarded-For", "203.0.113.9", "X-Real-IP", "203.0.113.8")
 	if len(keys) != 1 || keys[0] != "ip:192.0.2.1" { // httptest.NewRequest's peer
 		t.Errorf("keys = %q, want [ip:192.0.2.1]", keys)
 	}
