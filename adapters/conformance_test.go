@@ -56,7 +56,8 @@ type want struct {
 // rl are the expected rate-limit fields.
 type rl struct {
 	p                pol
-	remaining, reset int
+	remaining, reset int // X-RateLimit-Remaining (and r), X-RateLimit-Reset
+	next             int // t of RateLimit
 	retry            int // Retry-After; 0 means absent
 }
 
@@ -73,14 +74,18 @@ func single(name string, n int) pol {
 	return pol{name, n, 60, fmt.Sprintf(`"%s";q=%d;w=60`, name, n)}
 }
 
-func allow(p pol, remaining, reset int) want {
-	return want{status: http.StatusOK, rl: &rl{p: p, remaining: remaining, reset: reset}, body: okBody}
+// allow is a 200 with remaining, reset (whole again) and next (more quota)
+// in seconds.
+func allow(p pol, remaining, reset, next int) want {
+	return want{status: http.StatusOK, rl: &rl{p: p, remaining: remaining, reset: reset, next: next}, body: okBody}
 }
 
-func deny(p pol, remaining, reset, retry int) want {
+// deny is a 429 with remaining, reset, retry (for this request) and next
+// (for a request of one unit) in seconds.
+func deny(p pol, remaining, reset, retry, next int) want {
 	body := fmt.Sprintf(`{"error":"rate limit exceeded","policy":%q,"limit":%d,"window_seconds":%d,"retry_after_seconds":%d}`+"\n",
 		p.name, p.limit, p.window, retry)
-	return want{status: http.StatusTooManyRequests, rl: &rl{p: p, remaining: remaining, reset: reset, retry: retry}, body: body}
+	return want{status: http.StatusTooManyRequests, rl: &rl{p: p, remaining: remaining, reset: reset, next: next, retry: retry}, body: body}
 }
 
 var (
@@ -136,10 +141,11 @@ func (failingStore) Take(context.Context, time.Time, []middleware.Charge, []midd
 func styleSteps() []step {
 	p := single("default", 2)
 	return []step{
-		get("/hello").wants(allow(p, 1, 90)),
-		get("/hello").wants(allow(p, 0, 90)),
-		get("/hello").wants(deny(p, 0, 90, 60)),
-		get("/hello").after(60 * time.Second).wants(allow(p, 0, 90)),
+		get("/hello").wants(allow(p, 1, 120, 120)),
+		get("/hello").wants(allow(p, 0, 120, 90)),
+		get("/hello").wants(deny(p, 0, 120, 90, 90)),
+		// 90 s on, 30 s into the next window: 2*29999 + 60000 <= 2*60000.
+		get("/hello").after(90 * time.Second).wants(allow(p, 0, 90, 30)),
 	}
 }
 
@@ -161,13 +167,16 @@ func scenarios() []scenario {
 			name:  "remote-ip/burst-then-recover",
 			rules: rule(3, fixed(keyfunc.RemoteIP())),
 			steps: []step{
-				get("/hello").wants(allow(p3, 2, 90)),
-				get("/hello", h("X-Forwarded-For", "203.0.113.7")).wants(allow(p3, 1, 90)),
-				post("/users/1").wants(allow(p3, 0, 90)),
-				get("/hello").wants(deny(p3, 0, 90, 50)),
-				get("/hello").wants(deny(p3, 0, 90, 50)),
-				get("/hello").after(50 * time.Second).wants(allow(p3, 0, 100)),
-				get("/hello").wants(deny(p3, 0, 100, 20)),
+				// The window starts at the first request. Reset: whole
+				// again at the end of the next window; t: the next unit,
+				// c*(59999-y) <= (3-r-1)*60000 into the next window.
+				get("/hello").wants(allow(p3, 2, 120, 120)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.7")).wants(allow(p3, 1, 120, 90)),
+				post("/users/1").wants(allow(p3, 0, 120, 80)),
+				get("/hello").wants(deny(p3, 0, 120, 80, 80)),
+				get("/hello").wants(deny(p3, 0, 120, 80, 80)),
+				get("/hello").after(80 * time.Second).wants(allow(p3, 0, 100, 20)),
+				get("/hello").wants(deny(p3, 0, 100, 20, 20)),
 			},
 		},
 		{name: "style/both", style: headers.Both, rules: rule(2, fixed(keyfunc.RemoteIP())), steps: styleSteps()},
@@ -180,10 +189,10 @@ func scenarios() []scenario {
 			name:  "client-ip/untrusted-peer",
 			rules: rule(2, trusted("10.0.0.0/8")),
 			steps: []step{
-				get("/hello", h("X-Forwarded-For", "203.0.113.1")).wants(allow(p2, 1, 90)),
-				get("/hello", h("X-Forwarded-For", "203.0.113.2")).wants(allow(p2, 0, 90)),
-				get("/hello", h("X-Forwarded-For", "203.0.113.3")).wants(deny(p2, 0, 90, 60)),
-				get("/hello").wants(deny(p2, 0, 90, 60)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.1")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.2")).wants(allow(p2, 0, 120, 90)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.3")).wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello").wants(deny(p2, 0, 120, 90, 90)),
 			},
 		},
 		{
@@ -192,21 +201,21 @@ func scenarios() []scenario {
 			name:  "client-ip/trusted-peer",
 			rules: rule(2, trusted("127.0.0.1/32")),
 			steps: []step{
-				get("/hello", h("X-Forwarded-For", "203.0.113.1")).wants(allow(p2, 1, 90)),
-				get("/hello", h("X-Forwarded-For", "198.51.100.9, 203.0.113.1")).wants(allow(p2, 0, 90)),
-				get("/hello", h("X-Forwarded-For", "198.51.100.9"), h("X-Forwarded-For", "203.0.113.1")).wants(deny(p2, 0, 90, 60)),
-				get("/hello", h("X-Forwarded-For", "203.0.113.2")).wants(allow(p2, 1, 90)),
-				get("/hello").wants(allow(p2, 1, 90)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.1")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", h("X-Forwarded-For", "198.51.100.9, 203.0.113.1")).wants(allow(p2, 0, 120, 90)),
+				get("/hello", h("X-Forwarded-For", "198.51.100.9"), h("X-Forwarded-For", "203.0.113.1")).wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello", h("X-Forwarded-For", "203.0.113.2")).wants(allow(p2, 1, 120, 120)),
+				get("/hello").wants(allow(p2, 1, 120, 120)),
 			},
 		},
 		{
 			name:  "header",
 			rules: rule(2, fixed(keyfunc.Header("X-Tenant"))),
 			steps: []step{
-				get("/hello", h("X-Tenant", "a")).wants(allow(p2, 1, 90)),
-				get("/hello", h("x-tenant", "a")).wants(allow(p2, 0, 90)),
-				get("/hello", h("X-Tenant", "a")).wants(deny(p2, 0, 90, 60)),
-				get("/hello", h("X-Tenant", "b")).wants(allow(p2, 1, 90)),
+				get("/hello", h("X-Tenant", "a")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", h("x-tenant", "a")).wants(allow(p2, 0, 120, 90)),
+				get("/hello", h("X-Tenant", "a")).wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello", h("X-Tenant", "b")).wants(allow(p2, 1, 120, 120)),
 				get("/hello").wants(noKey),
 			},
 		},
@@ -214,10 +223,10 @@ func scenarios() []scenario {
 			name:  "api-key",
 			rules: rule(2, fixed(keyfunc.APIKey("Authorization", []byte("secret")))),
 			steps: []step{
-				get("/hello", h("Authorization", "Bearer k1")).wants(allow(p2, 1, 90)),
-				get("/hello", h("Authorization", "bearer k1")).wants(allow(p2, 0, 90)),
-				get("/hello", h("Authorization", "Bearer k1")).wants(deny(p2, 0, 90, 60)),
-				get("/hello", h("Authorization", "Bearer k2")).wants(allow(p2, 1, 90)),
+				get("/hello", h("Authorization", "Bearer k1")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", h("Authorization", "bearer k1")).wants(allow(p2, 0, 120, 90)),
+				get("/hello", h("Authorization", "Bearer k1")).wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello", h("Authorization", "Bearer k2")).wants(allow(p2, 1, 120, 120)),
 				get("/hello").wants(noKey),
 				get("/hello", h("Authorization", "Bearer")).wants(noKey),
 			},
@@ -226,9 +235,9 @@ func scenarios() []scenario {
 			name:  "user",
 			rules: rule(1, fixed(keyfunc.User(userFrom))),
 			steps: []step{
-				get("/hello", user("alice")).wants(allow(p1, 0, 90)),
-				get("/hello", user("alice")).wants(deny(p1, 0, 90, 90)),
-				get("/hello", user("bob")).wants(allow(p1, 0, 90)),
+				get("/hello", user("alice")).wants(allow(p1, 0, 120, 120)),
+				get("/hello", user("alice")).wants(deny(p1, 0, 120, 120, 120)),
+				get("/hello", user("bob")).wants(allow(p1, 0, 120, 120)),
 				get("/hello").wants(noKey),
 			},
 		},
@@ -237,13 +246,13 @@ func scenarios() []scenario {
 			name:  "first/hybrid",
 			rules: rule(2, fixed(keyfunc.First(keyfunc.User(userFrom), keyfunc.RemoteIP()))),
 			steps: []step{
-				get("/hello", user("alice")).wants(allow(p2, 1, 90)),
-				get("/hello", user("alice")).wants(allow(p2, 0, 90)),
-				get("/hello").wants(allow(p2, 1, 90)),
-				get("/hello", user("bob")).wants(allow(p2, 1, 90)),
-				get("/hello", user("alice")).wants(deny(p2, 0, 90, 60)),
-				get("/hello").wants(allow(p2, 0, 90)),
-				get("/hello").wants(deny(p2, 0, 90, 60)),
+				get("/hello", user("alice")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", user("alice")).wants(allow(p2, 0, 120, 90)),
+				get("/hello").wants(allow(p2, 1, 120, 120)),
+				get("/hello", user("bob")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", user("alice")).wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello").wants(allow(p2, 0, 120, 90)),
+				get("/hello").wants(deny(p2, 0, 120, 90, 90)),
 			},
 		},
 		{
@@ -251,21 +260,21 @@ func scenarios() []scenario {
 			name:  "route",
 			rules: rule(2, fixed(keyfunc.Route())),
 			steps: []step{
-				get("/users/1").wants(allow(p2, 1, 90)),
-				get("/users/2").wants(allow(p2, 0, 90)),
-				get("/users/3").wants(deny(p2, 0, 90, 60)),
-				get("/hello").wants(allow(p2, 1, 90)),
+				get("/users/1").wants(allow(p2, 1, 120, 120)),
+				get("/users/2").wants(allow(p2, 0, 120, 90)),
+				get("/users/3").wants(deny(p2, 0, 120, 90, 90)),
+				get("/hello").wants(allow(p2, 1, 120, 120)),
 			},
 		},
 		{
 			name:  "join/tenant-and-route",
 			rules: rule(2, fixed(keyfunc.Join(keyfunc.Header("X-Tenant"), keyfunc.Route()))),
 			steps: []step{
-				get("/users/1", h("X-Tenant", "a")).wants(allow(p2, 1, 90)),
-				get("/users/2", h("X-Tenant", "a")).wants(allow(p2, 0, 90)),
-				get("/users/3", h("X-Tenant", "b")).wants(allow(p2, 1, 90)),
-				get("/hello", h("X-Tenant", "a")).wants(allow(p2, 1, 90)),
-				get("/users/3", h("X-Tenant", "a")).wants(deny(p2, 0, 90, 60)),
+				get("/users/1", h("X-Tenant", "a")).wants(allow(p2, 1, 120, 120)),
+				get("/users/2", h("X-Tenant", "a")).wants(allow(p2, 0, 120, 90)),
+				get("/users/3", h("X-Tenant", "b")).wants(allow(p2, 1, 120, 120)),
+				get("/hello", h("X-Tenant", "a")).wants(allow(p2, 1, 120, 120)),
+				get("/users/3", h("X-Tenant", "a")).wants(deny(p2, 0, 120, 90, 90)),
 				get("/users/3").wants(noKey),
 			},
 		},
@@ -281,12 +290,12 @@ func scenarios() []scenario {
 				}}
 			},
 			steps: []step{
-				get("/hello").wants(allow(p1, 0, 90)),
-				get("/hello").wants(deny(p1, 0, 90, 90)),
+				get("/hello").wants(allow(p1, 0, 120, 120)),
+				get("/hello").wants(deny(p1, 0, 120, 120, 120)),
 				get(skipPath).wants(unlimited),
 				post(skipPath).wants(unlimited),
 				get("/hello", h("X-Internal", "yes")).wants(unlimited),
-				get("/hello", h("X-Internal", "no")).wants(deny(p1, 0, 90, 90)),
+				get("/hello", h("X-Internal", "no")).wants(deny(p1, 0, 120, 120, 120)),
 			},
 		},
 		{
@@ -298,8 +307,8 @@ func scenarios() []scenario {
 				}}
 			},
 			steps: []step{
-				post("/users/1").wants(allow(p1, 0, 90)),
-				post("/users/2").wants(deny(p1, 0, 90, 90)),
+				post("/users/1").wants(allow(p1, 0, 120, 120)),
+				post("/users/2").wants(deny(p1, 0, 120, 120, 120)),
 				get("/users/1").wants(unlimited),
 				post("/hello").wants(unlimited),
 			},
@@ -310,9 +319,10 @@ func scenarios() []scenario {
 				return []middleware.Rule{{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5)}, Cost: 2}}
 			},
 			steps: []step{
-				get("/hello").wants(allow(p5, 3, 90)),
-				get("/hello").wants(allow(p5, 1, 90)),
-				get("/hello").wants(deny(p5, 1, 90, 45)),
+				get("/hello").wants(allow(p5, 3, 120, 90)),
+				get("/hello").wants(allow(p5, 1, 120, 75)),
+				// Two units do not fit until 75 s; one unit fits now: t=0.
+				get("/hello").wants(deny(p5, 1, 120, 75, 0)),
 			},
 		},
 		{
@@ -321,15 +331,15 @@ func scenarios() []scenario {
 				return []middleware.Rule{{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5)}, CostFunc: costFunc}}
 			},
 			steps: []step{
-				post("/hello").wants(allow(p5, 2, 90)),
-				get("/hello").wants(allow(p5, 1, 90)),
-				post("/hello").wants(deny(p5, 1, 90, 60)),
+				post("/hello").wants(allow(p5, 2, 120, 80)),
+				get("/hello").wants(allow(p5, 1, 120, 75)),
+				post("/hello").wants(deny(p5, 1, 120, 90, 0)),
 				get("/hello", h("X-Cost", "10")).wants(want{
 					status: http.StatusTooManyRequests,
-					rl:     &rl{p: p5, remaining: 1, reset: 90},
+					rl:     &rl{p: p5, remaining: 1, reset: 120},
 					body:   `{"error":"request cost exceeds the rate limit","policy":"default","limit":5,"window_seconds":60}` + "\n",
 				}),
-				get("/hello").wants(allow(p5, 0, 90)),
+				get("/hello").wants(allow(p5, 0, 120, 72)),
 			},
 		},
 		{
@@ -341,10 +351,10 @@ func scenarios() []scenario {
 				}
 			},
 			steps: []step{
-				get("/search").wants(allow(search, 1, 90)),
-				get("/search").wants(allow(search, 0, 90)),
-				get("/search").wants(deny(search, 0, 90, 60)),
-				get("/hello").wants(allow(global, 2, 90)),
+				get("/search").wants(allow(search, 1, 120, 120)),
+				get("/search").wants(allow(search, 0, 120, 90)),
+				get("/search").wants(deny(search, 0, 120, 90, 90)),
+				get("/hello").wants(allow(global, 2, 120, 80)),
 			},
 		},
 		{
@@ -353,11 +363,12 @@ func scenarios() []scenario {
 				return []middleware.Rule{{Name: "burst", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerSecond(2), middleware.PerMinute(3)}}}
 			},
 			steps: []step{
-				get("/hello").wants(allow(burst1s, 1, 2)),
-				get("/hello").wants(allow(burst1s, 0, 2)),
-				get("/hello").wants(deny(burst1s, 0, 2, 2)),
-				get("/hello").after(2 * time.Second).wants(allow(burst1m, 0, 88)),
-				get("/hello").wants(deny(burst1m, 0, 88, 48)),
+				get("/hello").wants(allow(burst1s, 1, 2, 2)),
+				get("/hello").wants(allow(burst1s, 0, 2, 2)),
+				get("/hello").wants(deny(burst1s, 0, 2, 2, 2)),
+				// The minute's third: 58 s, then 3*(59999-y) <= 2*60000.
+				get("/hello").after(2 * time.Second).wants(allow(burst1m, 0, 118, 78)),
+				get("/hello").wants(deny(burst1m, 0, 118, 78, 78)),
 			},
 		},
 		{
@@ -379,7 +390,7 @@ func scenarios() []scenario {
 			rules: rule(1, fixed(keyfunc.RemoteIP())),
 			opts:  []middleware.Option{middleware.WithFailurePolicy(middleware.FailLocal)},
 			store: func() middleware.Store { return failingStore{} },
-			steps: []step{get("/hello").wants(allow(p1, 0, 90)), get("/hello").wants(deny(p1, 0, 90, 90))},
+			steps: []step{get("/hello").wants(allow(p1, 0, 120, 120)), get("/hello").wants(deny(p1, 0, 120, 120, 120))},
 		},
 	}
 }
@@ -430,7 +441,7 @@ func expect(w want, style headers.Style) response {
 		r.Header["X-Ratelimit-Reset"] = []string{strconv.Itoa(l.reset)}
 	}
 	if style == headers.Both || style == headers.Draft {
-		r.Header["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", l.p.name, l.remaining, l.reset)}
+		r.Header["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", l.p.name, l.remaining, l.next)}
 		r.Header["Ratelimit-Policy"] = []string{l.p.header}
 	}
 	if l.retry > 0 {

@@ -8,12 +8,17 @@
 //     X-RateLimit-Reset. X-RateLimit-Reset has no standard meaning; sluice
 //     sends the number of seconds until the limit is whole again, rounded up
 //     (delta-seconds, as the IETF draft does), never a Unix time.
-//   - the IETF draft (draft-ietf-httpapi-ratelimit-headers) fields
+//   - the IETF draft (draft-ietf-httpapi-ratelimit-headers-10) fields
 //     RateLimit-Policy: "name";q=100;w=60 (quota q per window of w seconds,
 //     one item per policy that applied) and RateLimit: "name";r=42;t=18
-//     (r units remaining of the named policy, t seconds until it resets).
+//     (r units remaining of the named policy, and t, as the draft defines
+//     it, the seconds until additional quota is made available: on an
+//     allowed response until r next grows, 0 when the quota is whole; on a
+//     denial the Retry-After of a one-unit request).
 //
-// Retry-After, in delta-seconds rounded up, is sent only on a denial.
+// Retry-After, in delta-seconds rounded up, is sent only on a denial. It is
+// the wait for the denied request itself, whose cost may be more than one
+// unit, so on a denial t may be less than Retry-After, never more.
 package headers
 
 import (
@@ -142,8 +147,12 @@ type Values struct {
 	Limit int
 	// Remaining is how many requests the binding policy still admits.
 	Remaining int
-	// Reset is how long until the binding policy is whole again.
+	// Reset is how long until the binding policy is whole again, sent as
+	// X-RateLimit-Reset.
 	Reset time.Duration
+	// Next is how long until the binding policy makes more quota
+	// available, sent as the t parameter of RateLimit.
+	Next time.Duration
 	// RetryAfter, when positive, is sent as Retry-After: set it only on a
 	// denial.
 	RetryAfter time.Duration
@@ -226,7 +235,7 @@ func (f *fields) build(style Style, v *Values) int {
 		buf = append(buf, ";r="...)
 		buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
 		buf = append(buf, ";t="...)
-		buf = strconv.AppendInt(buf, Seconds(v.Reset), 10)
+		buf = strconv.AppendInt(buf, Seconds(v.Next), 10)
 		add(fRateLimit, start)
 	}
 	if v.RetryAfter > 0 {

@@ -13,10 +13,12 @@ func (m mapSetter) Set(k, v string) { m[k] = v }
 
 func TestWrite(t *testing.T) {
 	t.Parallel()
+	// X-RateLimit-Reset is Reset (whole again); RateLimit's t is Next
+	// (more quota); Retry-After is the denied request's own wait.
 	allowed := Values{Name: "api", Limit: 100, Remaining: 42, Reset: 17100 * time.Millisecond,
-		Policy: `"api";q=100;w=60`}
+		Next: 400 * time.Millisecond, Policy: `"api";q=100;w=60`}
 	denied := Values{Name: "login", Limit: 5, Remaining: 0, Reset: 299 * time.Second,
-		RetryAfter: 1001 * time.Millisecond, Policy: `"login";q=5;w=300, "api";q=100;w=60`}
+		RetryAfter: 3001 * time.Millisecond, Next: 1001 * time.Millisecond, Policy: `"login";q=5;w=300, "api";q=100;w=60`}
 	tests := []struct {
 		name  string
 		style Style
@@ -25,18 +27,18 @@ func TestWrite(t *testing.T) {
 	}{
 		{"both allowed", Both, allowed, map[string]string{
 			Limit: "100", Remaining: "42", Reset: "18",
-			RateLimit: `"api";r=42;t=18`, RateLimitPolicy: `"api";q=100;w=60`,
+			RateLimit: `"api";r=42;t=1`, RateLimitPolicy: `"api";q=100;w=60`,
 		}},
 		{"legacy allowed", Legacy, allowed, map[string]string{Limit: "100", Remaining: "42", Reset: "18"}},
 		{"draft allowed", Draft, allowed, map[string]string{
-			RateLimit: `"api";r=42;t=18`, RateLimitPolicy: `"api";q=100;w=60`,
+			RateLimit: `"api";r=42;t=1`, RateLimitPolicy: `"api";q=100;w=60`,
 		}},
 		{"none allowed", None, allowed, map[string]string{}},
 		{"both denied", Both, denied, map[string]string{
-			Limit: "5", Remaining: "0", Reset: "299", RetryAfter: "2",
-			RateLimit: `"login";r=0;t=299`, RateLimitPolicy: `"login";q=5;w=300, "api";q=100;w=60`,
+			Limit: "5", Remaining: "0", Reset: "299", RetryAfter: "4",
+			RateLimit: `"login";r=0;t=2`, RateLimitPolicy: `"login";q=5;w=300, "api";q=100;w=60`,
 		}},
-		{"none denied keeps Retry-After", None, denied, map[string]string{RetryAfter: "2"}},
+		{"none denied keeps Retry-After", None, denied, map[string]string{RetryAfter: "4"}},
 		{"negative remaining clamps", Legacy, Values{Limit: 1, Remaining: -3}, map[string]string{Limit: "1", Remaining: "0", Reset: "0"}},
 		{"quoted name", Draft, Values{Name: `a"b`, Limit: 1}, map[string]string{RateLimit: `"a\"b";r=0;t=0`}},
 	}

@@ -129,8 +129,14 @@ type Result struct {
 	Limit Limit
 	// Remaining is how many more requests the binding limit admits now.
 	Remaining int
-	// ResetAfter is how long until the binding limit is whole again.
+	// ResetAfter is how long until the binding limit is whole again; it is
+	// sent as X-RateLimit-Reset.
 	ResetAfter time.Duration
+	// NextAfter is how long until the binding limit makes more quota
+	// available: when allowed, until Remaining next grows (zero when the
+	// limit is whole); when denied, until a request of cost 1 would be
+	// admitted. It is sent as the t parameter of the RateLimit field.
+	NextAfter time.Duration
 	// RetryAfter is how long the client should wait before retrying; set
 	// only when the request was denied. It is -1 when the request costs
 	// more than the limit, so no wait would help.
@@ -329,6 +335,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		Limit:      res.Limit.Requests,
 		Remaining:  res.Remaining,
 		Reset:      res.ResetAfter,
+		Next:       res.NextAfter,
 		RetryAfter: res.RetryAfter,
 		Policy:     res.policies,
 	}
@@ -442,7 +449,7 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 		}
 		best = i
 		res.Policy, res.Limit, res.Remaining = metas[i].name, metas[i].nominal, rem
-		res.ResetAfter, res.RetryAfter, res.Cost = d.ResetAfter, d.RetryAfter, charges[i].Cost
+		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
 	if allowed {
 		res.RetryAfter = 0

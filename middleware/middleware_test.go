@@ -105,11 +105,16 @@ func TestHandlerBurst(t *testing.T) {
 		code    int
 		headers map[string]string
 	}{
-		{200, map[string]string{headers.Limit: "3", headers.Remaining: "2", headers.Reset: "90", headers.RateLimit: `"default";r=2;t=90`, headers.RateLimitPolicy: policy}},
-		{200, map[string]string{headers.Limit: "3", headers.Remaining: "1", headers.Reset: "90", headers.RateLimit: `"default";r=1;t=90`, headers.RateLimitPolicy: policy}},
-		{200, map[string]string{headers.Limit: "3", headers.Remaining: "0", headers.Reset: "90", headers.RateLimit: `"default";r=0;t=90`, headers.RateLimitPolicy: policy}},
-		// Next window, 20 s in: 3*(40/60) + 1 <= 3, so 50 s from now.
-		{429, map[string]string{headers.Limit: "3", headers.Remaining: "0", headers.Reset: "90", headers.RetryAfter: "50", headers.RateLimit: `"default";r=0;t=90`, headers.RateLimitPolicy: policy}},
+		// The window starts at the first request. X-RateLimit-Reset: whole
+		// again at the end of the next window (119.999 s). t: the next
+		// unit, when enough of this window's count has decayed in the
+		// next one: c*(59999-y) <= (3-r-1)*60000, 60 s + y.
+		{200, map[string]string{headers.Limit: "3", headers.Remaining: "2", headers.Reset: "120", headers.RateLimit: `"default";r=2;t=120`, headers.RateLimitPolicy: policy}},
+		{200, map[string]string{headers.Limit: "3", headers.Remaining: "1", headers.Reset: "120", headers.RateLimit: `"default";r=1;t=90`, headers.RateLimitPolicy: policy}},
+		{200, map[string]string{headers.Limit: "3", headers.Remaining: "0", headers.Reset: "120", headers.RateLimit: `"default";r=0;t=80`, headers.RateLimitPolicy: policy}},
+		// Next window, 19.999 s in: 3*(59999-19999) + 60000 <= 180000;
+		// t is the same wait, for one unit.
+		{429, map[string]string{headers.Limit: "3", headers.Remaining: "0", headers.Reset: "120", headers.RetryAfter: "80", headers.RateLimit: `"default";r=0;t=80`, headers.RateLimitPolicy: policy}},
 	}
 	for i, w := range want {
 		rec := do(h, get("192.0.2.1:1234"))
@@ -121,7 +126,7 @@ func TestHandlerBurst(t *testing.T) {
 		}
 	}
 	rec := do(h, get("192.0.2.1:1234"))
-	if got, want := rec.Body.String(), `{"error":"rate limit exceeded","policy":"default","limit":3,"window_seconds":60,"retry_after_seconds":50}`+"\n"; got != want {
+	if got, want := rec.Body.String(), `{"error":"rate limit exceeded","policy":"default","limit":3,"window_seconds":60,"retry_after_seconds":80}`+"\n"; got != want {
 		t.Errorf("429 body = %s, want %s", got, want)
 	}
 	if got := rec.Header().Get("Content-Type"); got != middleware.ContentTypeJSON {
@@ -131,8 +136,8 @@ func TestHandlerBurst(t *testing.T) {
 	if rec := do(h, get("192.0.2.2:1234")); rec.Code != 200 {
 		t.Errorf("other client: status %d", rec.Code)
 	}
-	// At exactly Retry-After the client gets one request.
-	clock.Add(50 * time.Second)
+	// At Retry-After the client gets one request.
+	clock.Add(80 * time.Second)
 	if rec := do(h, get("192.0.2.1:1234")); rec.Code != 200 {
 		t.Errorf("after Retry-After: status %d", rec.Code)
 	}
@@ -181,9 +186,9 @@ func TestHeaderStyles(t *testing.T) {
 			}
 			denied := rateHeaders(do(h, get("192.0.2.1:1")).Header())
 			// With a limit of 1, the counted request must leave the
-			// sliding window entirely: 30 s + 60 s.
-			if denied[headers.RetryAfter] != "90" || len(denied) != len(tt.want)+1 {
-				t.Errorf("denied: headers %v, want %v plus Retry-After 90", denied, tt.want)
+			// sliding window entirely: the last ms of the next window.
+			if denied[headers.RetryAfter] != "120" || len(denied) != len(tt.want)+1 {
+				t.Errorf("denied: headers %v, want %v plus Retry-After 120", denied, tt.want)
 			}
 		})
 	}
@@ -241,7 +246,7 @@ func TestDenyHandler(t *testing.T) {
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want the deny handler's 503", rec.Code)
 	}
-	if got.Allowed || got.Policy != "default" || got.Limit != middleware.PerSecond(1) || got.RetryAfter != 2*time.Second {
+	if got.Allowed || got.Policy != "default" || got.Limit != middleware.PerSecond(1) || got.RetryAfter != 1999*time.Millisecond {
 		t.Errorf("ResultFromContext = %+v", got)
 	}
 	if rec.Header().Get(headers.RetryAfter) != "2" {
@@ -356,23 +361,26 @@ func TestMultipleLimits(t *testing.T) {
 	}
 	do(h, get("192.0.2.1:1"))
 	// Third request in the same second: the per-second limit denies; it
-	// admits again when 2*(1-x) + 1 <= 2 in the next second, x = 0.5 s.
+	// admits again when 2*(999-y) + 1000 <= 2000 in the next second,
+	// y = 499 ms: 1.499 s.
 	rec = do(h, get("192.0.2.1:1"))
 	if rec.Code != 429 || rec.Header().Get(headers.RateLimit) != `"api-1s";r=0;t=2` || rec.Header().Get(headers.RetryAfter) != "2" {
 		t.Fatalf("third request in one second: %d %v", rec.Code, rateHeaders(rec.Header()))
 	}
 	// 1.5 s later both admit; the minute counter had 2 (the denied request
 	// was not charged) and now has 3. Both have 0 left: the header names
-	// the one that takes longer to reset.
+	// the one that takes longer to reset. Its next unit: 58.5 s, then
+	// 3*(59999-y) <= 2*60000 in the next minute, y = 19.999 s.
 	clock.Add(1500 * time.Millisecond)
-	if rec := do(h, get("192.0.2.1:1")); rec.Code != 200 || rec.Header().Get(headers.RateLimit) != `"api-1m";r=0;t=89` {
+	if rec := do(h, get("192.0.2.1:1")); rec.Code != 200 || rec.Header().Get(headers.RateLimit) != `"api-1m";r=0;t=79` {
 		t.Fatalf("after 1.5 s: %d %v", rec.Code, rateHeaders(rec.Header()))
 	}
 	// Another second: the per-second limit would admit, the minute limit
-	// denies until 20 s into the next minute.
+	// denies until 19.999 s into the next minute (57.5 s + 19.999 s); t,
+	// for one unit, says the same.
 	clock.Add(time.Second)
 	rec = do(h, get("192.0.2.1:1"))
-	if rec.Code != 429 || rec.Header().Get(headers.RateLimit) != `"api-1m";r=0;t=88` || rec.Header().Get(headers.RetryAfter) != "48" {
+	if rec.Code != 429 || rec.Header().Get(headers.RateLimit) != `"api-1m";r=0;t=78` || rec.Header().Get(headers.RetryAfter) != "78" {
 		t.Fatalf("minute limit: %d %v", rec.Code, rateHeaders(rec.Header()))
 	}
 }

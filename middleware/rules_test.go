@@ -243,23 +243,23 @@ RateLimit-Policy: "api";q=10;w=60, "login";q=2;w=60
 		{"POST", "/api/login", 200, `X-RateLimit-Limit: 2
 X-RateLimit-Remaining: 0
 X-RateLimit-Reset: 120
-RateLimit: "login";r=0;t=120
+RateLimit: "login";r=0;t=90
 RateLimit-Policy: "api";q=10;w=60, "login";q=2;w=60
 `},
 		// Denied by login: charged to neither login nor api. Retry-After
-		// is when the two requests of this window have decayed enough:
-		// 30 s into the next window.
+		// (and t, the wait for one unit) is when the two requests of this
+		// window have decayed enough: 29.999 s into the next window.
 		{"POST", "/api//login/", 429, `X-RateLimit-Limit: 2
 X-RateLimit-Remaining: 0
 X-RateLimit-Reset: 120
-RateLimit: "login";r=0;t=120
+RateLimit: "login";r=0;t=90
 RateLimit-Policy: "api";q=10;w=60, "login";q=2;w=60
 Retry-After: 90
 `},
 		{"POST", "/api/login", 429, `X-RateLimit-Limit: 2
 X-RateLimit-Remaining: 0
 X-RateLimit-Reset: 120
-RateLimit: "login";r=0;t=120
+RateLimit: "login";r=0;t=90
 RateLimit-Policy: "api";q=10;w=60, "login";q=2;w=60
 Retry-After: 90
 `},
@@ -268,7 +268,7 @@ Retry-After: 90
 		{"GET", "/api/login", 200, `X-RateLimit-Limit: 10
 X-RateLimit-Remaining: 7
 X-RateLimit-Reset: 120
-RateLimit: "api";r=7;t=120
+RateLimit: "api";r=7;t=80
 RateLimit-Policy: "api";q=10;w=60
 `},
 	}
@@ -308,7 +308,7 @@ RateLimit-Policy: "burst-1s";q=2;w=1, "burst-1h";q=3;w=3600
 		`X-RateLimit-Limit: 3
 X-RateLimit-Remaining: 0
 X-RateLimit-Reset: 7198
-RateLimit: "burst-1h";r=0;t=7198
+RateLimit: "burst-1h";r=0;t=4798
 RateLimit-Policy: "burst-1s";q=2;w=1, "burst-1h";q=3;w=3600
 `,
 	}
@@ -326,7 +326,7 @@ RateLimit-Policy: "burst-1s";q=2;w=1, "burst-1h";q=3;w=3600
 	}
 	clk.Add(2 * time.Second)
 	rec := rulesServe(h, rulesReq("GET", "/", "192.0.2.1:1"))
-	if rec.Code != 429 || rec.Header().Get(headers.RateLimit) != `"burst-1h";r=0;t=7196` {
+	if rec.Code != 429 || rec.Header().Get(headers.RateLimit) != `"burst-1h";r=0;t=4796` {
 		t.Errorf("fourth request in the hour: status %d, RateLimit %q", rec.Code, rec.Header().Get(headers.RateLimit))
 	}
 }
@@ -431,7 +431,7 @@ func TestRulesPlans(t *testing.T) {
 	const want = `X-RateLimit-Limit: 5
 X-RateLimit-Remaining: 0
 X-RateLimit-Reset: 120
-RateLimit: "api";r=0;t=120
+RateLimit: "api";r=0;t=72
 RateLimit-Policy: "api";q=5;w=60
 Retry-After: 72
 `

@@ -7,18 +7,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
-// TestRealTime hammers one key with a limit of 100 per 1 s window for 3 s,
-// from several goroutines, on the server's clock, and measures the most
-// requests admitted in any 1-second interval (using the instants the script
-// decided at). The sliding-window counter assumes the previous window's
-// requests were spread evenly over it, so a burst at the end of one window
-// followed by the full allowance of the next can admit up to twice the limit
-// in one second; it can never admit less than the limit to a client that
-// keeps asking.
+// TestRealTime hammers one cold key with a limit of 100 per 1 s window for
+// 3 s from 4 stores (app servers) of 32 goroutines each, on the server's
+// clock, and measures the most requests admitted in any 1-second interval
+// (using the instants the script decided at). With windows anchored at the
+// first request, a cold start gives no burst: at most limit + 1 in any
+// interval of one window, and the limit in every window while the clients
+// keep pushing.
 func TestRealTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for 3 s of real time")
@@ -26,67 +27,146 @@ func TestRealTime(t *testing.T) {
 	t.Parallel()
 	const (
 		limit       = 100
-		goroutines  = 8
+		stores      = 4
+		goroutines  = 32
 		duration    = 3 * time.Second
 		maxAttempts = 300_000 // bounds the load whatever the machine
 	)
 	srv := redistest.Shared(t)
-	s := newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+	prefix := srv.Prefix(t)
 	ch := []window.Charge{{Key: "hot", Name: "r", Limit: window.Limit{Requests: limit, Window: time.Second}, Cost: 1}}
 
 	var (
 		mu       sync.Mutex
 		admitted []int64
 		attempts int
+		lastAt   int64
 		wg       sync.WaitGroup
 	)
 	deadline := time.Now().Add(duration)
-	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out := make([]window.Decision, 1)
-			for time.Now().Before(deadline) {
-				mu.Lock()
-				if attempts >= maxAttempts {
-					mu.Unlock()
-					return
-				}
-				attempts++
-				mu.Unlock()
-				ok, now, err := s.take(context.Background(), time.Time{}, ch, out)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if ok {
+	for range stores {
+		s := newTestStore(t, srv.Client(t, &redis.Options{PoolSize: goroutines}), prefix)
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out := make([]window.Decision, 1)
+				for time.Now().Before(deadline) {
 					mu.Lock()
-					admitted = append(admitted, now)
+					if attempts >= maxAttempts {
+						mu.Unlock()
+						return
+					}
+					attempts++
+					mu.Unlock()
+					ok, now, err := s.take(context.Background(), time.Time{}, ch, out)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					lastAt = max(lastAt, now)
+					if ok {
+						admitted = append(admitted, now)
+					}
 					mu.Unlock()
 				}
-			}
-		}()
+			}()
+		}
 	}
 	wg.Wait()
 	if t.Failed() {
 		return
 	}
 	slices.Sort(admitted)
-	peak, at := maxInInterval(admitted, 1000)
-	// Full windows seen: the first and last are partial.
-	first, last := admitted[0]/1000, admitted[len(admitted)-1]/1000
-	perWindow := map[int64]int{}
-	for _, ms := range admitted {
-		perWindow[ms/1000]++
-	}
+	// Windows are anchored at the first admission; count the whole ones.
+	start := admitted[0]
 	var counts []int
-	for w := first; w <= last; w++ {
-		counts = append(counts, perWindow[w])
+	for w := start; w+1000 <= lastAt; w += 1000 {
+		n := 0
+		for _, ms := range admitted {
+			if ms >= w && ms < w+1000 {
+				n++
+			}
+		}
+		counts = append(counts, n)
 	}
-	t.Logf("%d attempts, %d admitted in %s; per 1 s window: %v; most in any 1 s interval: %d, from %d ms into a window",
-		attempts, len(admitted), duration, counts, peak, at%1000)
-	if peak > 2*limit || peak < limit {
-		t.Errorf("most admitted in a 1 s interval: %d, want between %d and %d", peak, limit, 2*limit)
+	// The cold start: every interval of one window that starts in the
+	// first window. Its burst is all admitted at once, so however the
+	// requests arrive afterwards the next window's decay bounds them.
+	cold := 0
+	for i := range admitted {
+		if admitted[i] >= start+1000 {
+			break
+		}
+		n, _ := maxInInterval(admitted[i:], 1000)
+		cold = max(cold, n)
+	}
+	peak, at := maxInInterval(admitted, 1000)
+	t.Logf("%d attempts, %d admitted in %s; per window from the first admission: %v; most in an interval of one window: %d from a cold start, %d in all (from %d ms after the first)",
+		attempts, len(admitted), duration, counts, cold, peak, at-start)
+	if cold > limit+1 || cold < limit {
+		t.Errorf("most admitted in a 1 s interval from a cold start: %d, want %d or %d", cold, limit, limit+1)
+	}
+	// Later intervals hold limit + 1 at most while the hammer is steady
+	// (TestSteadyHammer shows it exactly). A machine that stalls the
+	// clients for a few ms makes them unsteady: a window then loses the
+	// units of its last milliseconds and the next admits them in a
+	// cluster, which the estimate, assuming an even spread, lets through.
+	// Bound that loosely; twice the limit is what epoch-aligned windows
+	// allowed.
+	if peak > limit+limit/10 {
+		t.Errorf("most admitted in a 1 s interval: %d, want at most %d", peak, limit+limit/10)
+	}
+	for i, n := range counts {
+		// A window never admits more than the limit; it gets all of it
+		// unless the clients stalled when its last units came free.
+		if n > limit || n < limit-limit/10 {
+			t.Errorf("window %d admitted %d, want %d", i, n, limit)
+		}
+	}
+}
+
+// TestSteadyHammer drives a real server with a fake clock: a client that
+// sends requests every millisecond until denied gets exactly the limit in
+// every window and never more than limit + 1 in any interval of one window,
+// as window.Take does.
+func TestSteadyHammer(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	s := newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+	for _, l := range []window.Limit{{Requests: 5, Window: 2 * time.Second}, {Requests: 10, Window: time.Second}} {
+		ch := []window.Charge{{Key: l.String(), Name: "r", Limit: l, Cost: 1}}
+		out := make([]window.Decision, 1)
+		w := l.Window.Milliseconds()
+		start := window.Millis(t0) + 137
+		var admitted []int64
+		for now := start; now < start+3*w; now++ {
+			for {
+				ok, _, err := s.take(context.Background(), time.UnixMilli(now), ch, out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					break
+				}
+				admitted = append(admitted, now)
+			}
+		}
+		for k := int64(0); k < 3; k++ {
+			n := 0
+			for _, ms := range admitted {
+				if ms >= start+k*w && ms < start+(k+1)*w {
+					n++
+				}
+			}
+			if n != l.Requests {
+				t.Errorf("%v: window %d admitted %d, want %d", l, k, n, l.Requests)
+			}
+		}
+		if peak, _ := maxInInterval(admitted, w); peak > l.Requests+1 {
+			t.Errorf("%v: %d admitted in one window's interval, want at most %d", l, peak, l.Requests+1)
+		}
 	}
 }
 

@@ -3,10 +3,10 @@
 // # Decisions
 //
 // A Store decides with the Lua script sliding_window.lua, which implements
-// window.Take exactly (same integer arithmetic, same rolling rules, same
-// clock-backwards rule): it rolls every counter of a request, checks that
-// every charge fits, and only then adds the costs and sets each counter's
-// expiry to window.Expiry. Only the counters of admitted charges with a
+// window.Take exactly (same integer arithmetic in the same ticks, same
+// windows anchored per counter, same clock-backwards rule): it rolls every
+// counter of a request, checks that every charge fits, and only then adds
+// the costs and extends the expiry to window.Expiry. Only the counters of admitted charges with a
 // cost are written: a denied request, or a read (cost 0), writes nothing.
 // Two charges of one request may name the same counter; each is decided
 // against the counter as it was, and both costs are counted. The script
@@ -21,19 +21,32 @@
 //
 // # Keys
 //
-// Each counter is one HASH with the fields s (start of the current window,
-// Unix milliseconds), p (count of the previous window) and c (count of the
-// current window), stored at
+// Counters are kept in buckets, so that a million clients do not cost a
+// million Redis keys: a bucket is a HASH at
 //
-//	<prefix>{<tag>}:<name>:<window in ms>
+//	<prefix>{<tag>}
 //
-// where tag is the first 22 characters of the unpadded base64url encoding of
-// SHA-256(Charge.Key), and name is Charge.Name when it matches
-// [A-Za-z0-9_.-]{1,64} and otherwise "#" followed by the same 22-character
-// hash of the name. Hostile keys therefore give fixed-size Redis keys that
-// cannot collide with one another or inject a hash tag, and every counter of
-// one Key lies in one Redis Cluster hash slot. Every key the script touches
-// is passed in KEYS.
+// where tag is the first 3 characters (18 bits) of the unpadded base64url
+// encoding of SHA-256(Charge.Key): 262,144 buckets, each holding the
+// counters of the Keys that hash to it. A counter is one field of its
+// bucket, named by the first 12 bytes (96 bits) of
+// SHA-256(Key, Name, window), whose value is "start prev curr window" in
+// decimal (the start of its current window in Unix ms, the counts of the
+// previous and current windows, the window in ms). With a few counters per
+// bucket, Redis keeps each bucket as one small listpack, which costs far
+// less per counter than a key of its own (see BENCHMARKS.md).
+//
+// Hostile keys therefore give fixed-size keys and fields that cannot inject
+// a hash tag, every counter of one Key lies in one bucket and so in one
+// Redis Cluster hash slot, and two counters share a field only if 96-bit
+// hashes collide within a bucket (for a billion counters, odds below
+// 10^-16). Every key the script touches is passed in KEYS.
+//
+// A bucket expires two windows after its latest write (PEXPIRE, extended
+// only), like every counter in it; a field that is past its own expiry is
+// treated as absent, and up to two such fields are dropped whenever a new
+// field is added to the bucket, so a bucket that active clients keep alive
+// does not accumulate the counters of clients that went away.
 //
 // # Redis Cluster and Ring
 //
@@ -76,10 +89,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"encoding/binary"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -103,16 +119,19 @@ const (
 	// zero.
 	DefaultTimeout = 100 * time.Millisecond
 
-	// tagLen is the length of the base64url hash used for keys and long
-	// names: 22 characters, 132 bits.
-	tagLen = 22
-	// maxNameLen is the longest Charge.Name used in a key as it is.
-	maxNameLen = 64
+	// tagLen is the length of a bucket's tag: 3 base64url characters,
+	// 18 bits, 262,144 buckets.
+	tagLen = 3
+	// fieldLen is the length of a counter's field: 12 bytes, 96 bits.
+	fieldLen = 12
 	// maxPrefixLen bounds Config.Prefix.
 	maxPrefixLen = 256
 	// fieldsPerCharge is the number of integers the script returns per
 	// charge.
-	fieldsPerCharge = 10
+	fieldsPerCharge = 11
+	// argsPerCharge is the number of arguments the script takes per
+	// charge.
+	argsPerCharge = 5
 )
 
 // The script's mode argument, boxed once: converting a string variable to
@@ -162,8 +181,9 @@ type Store struct {
 
 // scratch holds the per-call buffers of Take.
 type scratch struct {
-	buf   []byte
-	keys  []string
+	buf    []byte
+	keys   []string
+	fields []string
 	run   []string
 	args  []any
 	info  []counter
@@ -306,10 +326,17 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
-	sc.keys = sc.keys[:0]
+	sc.keys, sc.fields = sc.keys[:0], sc.fields[:0]
 	for i := range charges {
-		sc.buf = s.appendKey(sc.buf[:0], &charges[i])
-		sc.keys = append(sc.keys, string(sc.buf))
+		c := &charges[i]
+		if i > 0 && c.Key == charges[i-1].Key {
+			sc.keys = append(sc.keys, sc.keys[i-1])
+		} else {
+			sc.buf = s.appendKey(sc.buf[:0], c.Key)
+			sc.keys = append(sc.keys, string(sc.buf))
+		}
+		sc.buf = appendField(sc.buf[:0], c)
+		sc.fields = append(sc.fields, string(sc.buf))
 	}
 	if cap(sc.info) < len(charges) {
 		sc.info = make([]counter, len(charges))
@@ -382,9 +409,8 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 		s.refund(parent, sc, nowMs, charges, charged)
 		for _, i := range charged {
 			c := &charges[i]
-			w := c.Limit.Window.Milliseconds()
 			st := sc.info[i].rolled
-			out[i] = window.Describe(st, max(nowMs, st.Start), int64(c.Limit.Requests), w, int64(c.Cost), true)
+			out[i] = window.Describe(st, max(nowMs, st.Start), c.Limit, int64(c.Cost), true)
 		}
 		for h := g + 1; h+1 < len(bounds); h++ {
 			if _, _, err := s.run(ctx, sc, nowArg, modeDryRun, charges, group(h), out); err != nil {
@@ -411,7 +437,7 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, c
 			// keeps the script's numbers small.
 			cost = int64(c.Limit.Requests) + 1
 		}
-		args = append(args, int64(c.Limit.Requests), c.Limit.Window.Milliseconds(), cost)
+		args = append(args, sc.fields[i], int64(c.Limit.Requests), c.Limit.Window.Milliseconds(), c.Limit.Tick(), cost)
 	}
 	sc.run, sc.args = keys, args
 	reply, err := script.Run(ctx, s.client, keys, args...).Slice()
@@ -449,21 +475,22 @@ func parseReply(reply []any, idx []int, out []window.Decision, info []counter) (
 			}
 			f[k] = n
 		}
-		allowed, remaining, reset, retry := f[0], f[1], f[2], f[3]
-		if (allowed != 0 && allowed != 1) || remaining < 0 || reset < 0 || retry < -1 {
-			return false, 0, fmt.Errorf("redisstore: script returned an invalid decision: allowed %d, remaining %d, reset %d ms, retry %d ms",
-				allowed, remaining, reset, retry)
+		allowed, remaining, reset, retry, next := f[0], f[1], f[2], f[3], f[4]
+		if (allowed != 0 && allowed != 1) || remaining < 0 || reset < 0 || retry < -1 || next < 0 {
+			return false, 0, fmt.Errorf("redisstore: script returned an invalid decision: allowed %d, remaining %d, reset %d ms, retry %d ms, next %d ms",
+				allowed, remaining, reset, retry, next)
 		}
 		out[i] = window.Decision{
 			Allowed:    allowed == 1,
 			Remaining:  int(remaining),
 			ResetAfter: millis(reset),
 			RetryAfter: millis(retry),
+			NextAfter:  millis(next),
 		}
 		info[i] = counter{
-			rolled:  window.State{Start: f[4], Prev: f[5], Curr: f[6]},
-			stored:  window.State{Start: f[7], Prev: f[8], Curr: f[9]},
-			existed: f[7] >= 0,
+			rolled:  window.State{Start: f[5], Prev: f[6], Curr: f[7]},
+			stored:  window.State{Start: f[8], Prev: f[9], Curr: f[10]},
+			existed: f[8] >= 0,
 		}
 	}
 	return all == 1, now, nil
@@ -510,7 +537,7 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 				storedStart = -1
 			}
 			keys = append(keys, sc.keys[i])
-			args = append(args, c.Limit.Window.Milliseconds(), int64(c.Cost),
+			args = append(args, sc.fields[i], c.Limit.Window.Milliseconds(), int64(c.Cost),
 				info.rolled.Start, info.rolled.Prev, info.rolled.Curr,
 				storedStart, info.stored.Prev, info.stored.Curr)
 		}
@@ -531,46 +558,33 @@ func sameKey(charges []window.Charge) bool {
 	return true
 }
 
-// appendKey appends the Redis key of c's counter to b.
-func (s *Store) appendKey(b []byte, c *window.Charge) []byte {
+// appendKey appends the Redis key of the bucket that holds the counters of
+// key to b.
+func (s *Store) appendKey(b []byte, key string) []byte {
+	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(key), len(key)))
+	// 3 bytes encode to 4 characters, of which the first 3 depend only on
+	// the first 18 bits.
+	var enc [4]byte
+	base64.RawURLEncoding.Encode(enc[:], sum[:3])
 	b = append(b, s.prefix...)
 	b = append(b, '{')
-	b = appendHash(b, c.Key)
-	b = append(b, '}', ':')
-	if validName(c.Name) {
-		b = append(b, c.Name...)
-	} else {
-		b = append(b, '#')
-		b = appendHash(b, c.Name)
-	}
-	b = append(b, ':')
-	return strconv.AppendInt(b, c.Limit.Window.Milliseconds(), 10)
+	b = append(b, enc[:tagLen]...)
+	return append(b, '}')
 }
 
-// appendHash appends the first 22 characters of base64url(SHA-256(v)).
-func appendHash(b []byte, v string) []byte {
-	sum := sha256.Sum256([]byte(v))
-	// 18 bytes encode to 24 characters, of which the first 22 depend only
-	// on the first 132 bits.
-	var enc [24]byte
-	base64.RawURLEncoding.Encode(enc[:], sum[:18])
-	return append(b, enc[:tagLen]...)
-}
-
-// validName reports whether name can be used in a key as it is.
-func validName(name string) bool {
-	if len(name) == 0 || len(name) > maxNameLen {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
-			c == '_', c == '.', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
+// appendField appends the field of c's counter in its bucket to b: the
+// first 12 bytes of SHA-256 over the Key, the Name and the window, each
+// length-prefixed so that no two triples give the same input.
+func appendField(b []byte, c *window.Charge) []byte {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write(binary.AppendUvarint(n[:0], uint64(len(c.Key))))
+	io.WriteString(h, c.Key)
+	h.Write(binary.AppendUvarint(n[:0], uint64(len(c.Name))))
+	io.WriteString(h, c.Name)
+	h.Write(binary.AppendUvarint(n[:0], uint64(c.Limit.Window.Milliseconds())))
+	var sum [sha256.Size]byte
+	return append(b, h.Sum(sum[:0])[:fieldLen]...)
 }
 
 // millis converts a duration in milliseconds from the script, where -1

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net"
 	"regexp"
 	"slices"
@@ -120,36 +121,46 @@ func TestNew(t *testing.T) {
 }
 
 // keyPattern is the form of every key the store writes under prefix
-// "<p>": <p>{tag}:name:window.
+// "<p>": <p>{tag}.
 func keyPattern(prefix string) *regexp.Regexp {
-	return regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `\{[A-Za-z0-9_-]{22}\}:([A-Za-z0-9_.-]{1,64}|#[A-Za-z0-9_-]{22}):[0-9]+$`)
+	return regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `\{[A-Za-z0-9_-]{3}\}$`)
 }
 
 func TestKeyLayout(t *testing.T) {
 	t.Parallel()
 	s := &Store{prefix: "p:"}
-	key := func(k, name string, w time.Duration) string {
-		return string(s.appendKey(nil, &window.Charge{Key: k, Name: name, Limit: window.Limit{Requests: 1, Window: w}}))
+	key := func(k string) string { return string(s.appendKey(nil, k)) }
+	field := func(k, name string, w time.Duration) string {
+		return string(appendField(nil, &window.Charge{Key: k, Name: name, Limit: window.Limit{Requests: 1, Window: w}}))
 	}
 	sum := sha256.Sum256([]byte("ip:192.0.2.1"))
-	tag := base64.RawURLEncoding.EncodeToString(sum[:])[:22]
-	if got, want := key("ip:192.0.2.1", "per-ip", time.Minute), "p:{"+tag+"}:per-ip:60000"; got != want {
+	tag := base64.RawURLEncoding.EncodeToString(sum[:])[:3]
+	if got, want := key("ip:192.0.2.1"), "p:{"+tag+"}"; got != want {
 		t.Errorf("key = %q, want %q", got, want)
 	}
-	if got := key("", "", time.Second); !keyPattern("p:").MatchString(got) || !strings.Contains(got, "}:#") {
-		t.Errorf("empty key and name: %q", got)
-	}
 	long := strings.Repeat("k", 1<<20)
-	if got := key(long, strings.Repeat("n", 65), time.Hour); len(got) > 64 || !keyPattern("p:").MatchString(got) {
-		t.Errorf("1 MB key gives %d-byte key %.80q", len(got), got)
+	if got := key(long); len(got) != len("p:{abc}") || !keyPattern("p:").MatchString(got) {
+		t.Errorf("1 MB key gives key %.80q", got)
 	}
-	if a, b := key("a", "n", time.Minute), key("a", "n", 2*time.Minute); a == b {
-		t.Error("windows share a key")
+	if got := field(long, strings.Repeat("n", 1000), time.Hour); len(got) != fieldLen {
+		t.Errorf("1 MB key gives a %d-byte field", len(got))
 	}
-	// A name outside the safe set is hashed, so a literal name can never
-	// look like a hashed one.
-	if got := key("a", "#x", time.Minute); strings.Contains(got, "#x:") || !keyPattern("p:").MatchString(got) {
-		t.Errorf("name %q used as is: %q", "#x", got)
+	fields := map[string]string{}
+	for _, f := range []struct {
+		k, name string
+		w       time.Duration
+	}{
+		{"a", "n", time.Minute}, {"a", "n", 2 * time.Minute}, {"a", "m", time.Minute}, {"b", "n", time.Minute},
+		// Lengths are part of the hash input: moving bytes between Key
+		// and Name gives another field.
+		{"ab", "c", time.Minute}, {"a", "bc", time.Minute}, {"", "", time.Millisecond},
+	} {
+		id := fmt.Sprintf("%q/%q/%s", f.k, f.name, f.w)
+		got := field(f.k, f.name, f.w)
+		if other, ok := fields[got]; ok {
+			t.Errorf("%s and %s share a field", id, other)
+		}
+		fields[got] = id
 	}
 }
 
@@ -174,20 +185,22 @@ func TestKeysInRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := len(keys) * len(names); len(found) != want {
-		t.Fatalf("%d keys under the prefix, want %d", len(found), want)
+	if len(found) == 0 || len(found) > len(keys) {
+		t.Fatalf("%d keys under the prefix for %d client keys", len(found), len(keys))
 	}
 	re := keyPattern(prefix)
+	counters := 0
 	for _, k := range found {
 		if !re.MatchString(k) {
 			t.Errorf("key %q does not have the hash-tagged form", k)
 		}
-		if len(k) > len(prefix)+24+1+64+1+8 {
-			t.Errorf("key %q is too long", k)
-		}
 		if typ := c.Type(context.Background(), k).Val(); typ != "hash" {
 			t.Errorf("key %q is a %s", k, typ)
 		}
+		counters += int(c.HLen(context.Background(), k).Val())
+	}
+	if want := len(keys) * len(names); counters != want {
+		t.Errorf("%d counters in the buckets, want %d", counters, want)
 	}
 }
 
@@ -379,7 +392,7 @@ func TestCrossSlot(t *testing.T) {
 	// Two Keys whose counters fall in the slot ranges of different masters.
 	slotOf := func(k string) int64 {
 		var b []byte
-		b = s.appendKey(b, &window.Charge{Key: k, Name: "a", Limit: perMinute(1)})
+		b = s.appendKey(b, k)
 		slot, err := c.ClusterKeySlot(ctx, string(b)).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -408,14 +421,17 @@ func TestCrossSlot(t *testing.T) {
 	if evalsha, eval := h.take(); evalsha != 2 || eval > 2 {
 		t.Errorf("first request: %d EVALSHA, %d EVAL; want one run per Key", evalsha, eval)
 	}
-	// b: 8 > 5 denies (retry 60 + 60 - 1*60/4 s); a, charged first, must
-	// be given back and described as not charged.
+	// b: 8 > 5 denies (retry in the next window, when
+	// 4*(59999-y) + 4*60000 <= 5*60000: y = 44999 ms in); a, charged
+	// first, must be given back and described as not charged (its 7th
+	// unit comes back y = 59999 - 3*60000/4 = 14999 ms into the next
+	// window).
 	ok, err := s.Take(ctx, t0, []window.Charge{a, b}, out)
 	if err != nil || ok {
 		t.Fatalf("second request: %v, %v; want a deny", ok, err)
 	}
-	if want := []window.Decision{{Allowed: true, Remaining: 6, ResetAfter: 2 * time.Minute},
-		{Remaining: 1, ResetAfter: 2 * time.Minute, RetryAfter: 105 * time.Second}}; !slices.Equal(out, want) {
+	if want := []window.Decision{{Allowed: true, Remaining: 6, ResetAfter: 119999 * time.Millisecond, NextAfter: 74999 * time.Millisecond},
+		{Remaining: 1, ResetAfter: 119999 * time.Millisecond, RetryAfter: 104999 * time.Millisecond}}; !slices.Equal(out, want) {
 		t.Errorf("second request decided %+v, want %+v", out, want)
 	}
 	if d := read(a); d.Remaining != 6 {
@@ -444,40 +460,39 @@ func TestRefund(t *testing.T) {
 	charge := func(key string, now time.Time, cost int) (*scratch, []window.Charge) {
 		t.Helper()
 		cs := []window.Charge{{Key: key, Name: "r", Limit: perMinute(100), Cost: cost}}
-		sc := &scratch{keys: []string{string(s.appendKey(nil, &cs[0]))}, info: make([]counter, 1)}
+		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
 		if ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(now), 10), modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 			t.Fatalf("charge: %v, %v", ok, err)
 		}
 		return sc, cs
 	}
+	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
 	fields := func(sc *scratch) []string {
 		t.Helper()
-		v, err := c.HMGet(ctx, sc.keys[0], "s", "p", "c").Result()
+		v, err := c.HGet(ctx, sc.keys[0], sc.fields[0]).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []string
-		for _, x := range v {
-			s, _ := x.(string)
-			out = append(out, s)
+		f := strings.Fields(v)
+		if len(f) != 4 || f[3] != ms(w) {
+			t.Fatalf("counter %q, want start, prev, curr and window", v)
 		}
-		return out
+		return f[:3]
 	}
-	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
 
 	// Untouched since the charge: the key did not exist, so it goes.
 	sc, cs := charge("fresh", t0, 3)
 	s.refund(ctx, sc, start, cs, []int{0})
-	if n := c.Exists(ctx, sc.keys[0]).Val(); n != 0 {
+	if n := c.HExists(ctx, sc.keys[0], sc.fields[0]).Val(); n {
 		t.Errorf("untouched new counter: still exists after the refund")
 	}
 
 	// Untouched, but it existed and the charge rolled it: put back as it
-	// was, expiry included.
+	// was.
 	charge("rolled", t0.Add(10*time.Second), 5)
 	sc, cs = charge("rolled", t0.Add(70*time.Second), 2)
 	s.refund(ctx, sc, start+70_000, cs, []int{0})
-	if got, want := fields(sc), []string{ms(start), "0", "5"}; !slices.Equal(got, want) {
+	if got, want := fields(sc), []string{ms(start + 10_000), "0", "5"}; !slices.Equal(got, want) {
 		t.Errorf("untouched rolled counter: %v after the refund, want %v", got, want)
 	}
 
@@ -499,7 +514,7 @@ func TestRefund(t *testing.T) {
 
 	// Never below zero.
 	sc, cs = charge("floor", t0, 3)
-	if err := c.HSet(ctx, sc.keys[0], "c", 1).Err(); err != nil {
+	if err := c.HSet(ctx, sc.keys[0], sc.fields[0], ms(start)+" 0 1 "+ms(w)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	s.refund(ctx, sc, start, cs, []int{0})
@@ -507,7 +522,7 @@ func TestRefund(t *testing.T) {
 		t.Errorf("counter below the cost: %v after the refund, want %v", got, want)
 	}
 
-	// Rolled further: left alone.
+	// Rolled further (here, afresh): left alone.
 	sc, cs = charge("far", t0, 3)
 	charge("far", t0.Add(2*time.Minute), 1)
 	s.refund(ctx, sc, start, cs, []int{0})
@@ -534,16 +549,14 @@ func TestExpiry(t *testing.T) {
 	} {
 		ch := window.Charge{Key: tt.name, Name: "r", Limit: window.Limit{Requests: 10, Window: tt.w}, Cost: 1}
 		take(t, s, tt.now, ch)
-		key := string(s.appendKey(nil, &ch))
+		key := string(s.appendKey(nil, ch.Key))
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ttl <= 0 || ttl > 2*tt.w {
-			t.Errorf("%s: PTTL %s, want in (0, %s]", tt.name, ttl, 2*tt.w)
-		}
-		if tt.name == "FakeTime" && ttl > tt.w+time.Second {
-			t.Errorf("%s: PTTL %s, want about %s (1 s left in the window, then one more)", tt.name, ttl, tt.w+time.Second)
+		// The counter's windows start at this request: two whole windows.
+		if ttl <= 2*tt.w-time.Second || ttl > 2*tt.w {
+			t.Errorf("%s: PTTL %s, want about %s", tt.name, ttl, 2*tt.w)
 		}
 		// A read writes nothing, expiry included.
 		ch.Cost = 0
@@ -556,7 +569,7 @@ func TestExpiry(t *testing.T) {
 	// A key really goes: 100 ms windows expire within 200 ms of the write.
 	ch := window.Charge{Key: "short", Name: "r", Limit: window.Limit{Requests: 10, Window: 100 * time.Millisecond}, Cost: 1}
 	take(t, s, time.Time{}, ch)
-	key := string(s.appendKey(nil, &ch))
+	key := string(s.appendKey(nil, ch.Key))
 	deadline := time.Now().Add(2 * time.Second)
 	for c.Exists(ctx, key).Val() == 1 {
 		if time.Now().After(deadline) {
@@ -680,12 +693,21 @@ func TestTakeErrors(t *testing.T) {
 	ch := window.Charge{Key: "k", Name: "r", Limit: perMinute(10), Cost: 1}
 
 	// A key of another type where a counter should be.
-	if err := c.Set(ctx, string(s.appendKey(nil, &ch)), "x", time.Minute).Err(); err != nil {
+	if err := c.Set(ctx, string(s.appendKey(nil, ch.Key)), "x", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.Take(ctx, t0, []window.Charge{ch}, make([]window.Decision, 1))
 	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Errorf("Take on a string key: %v, want a WRONGTYPE error", err)
+	}
+	// A counter that is not one of ours (corrupt, or written by hand) is
+	// taken as absent and replaced, never a script error.
+	ch.Key = "garbage"
+	if err := c.HSet(ctx, string(s.appendKey(nil, ch.Key)), string(appendField(nil, &ch)), "12 x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, d := take(t, s, t0, ch); !ok || d.Remaining != 9 {
+		t.Errorf("Take over a corrupt counter: %v %+v, want a fresh counter", ok, d)
 	}
 	// Before the Unix epoch.
 	ch.Key = "k2"
@@ -705,14 +727,14 @@ func TestParseReply(t *testing.T) {
 	good := func() []any {
 		r := []any{int64(1), int64(1_000)}
 		for i := 0; i < 2; i++ {
-			r = append(r, int64(1), int64(5), int64(60_000), int64(0), int64(0), int64(0), int64(4), int64(-1), int64(0), int64(0))
+			r = append(r, int64(1), int64(5), int64(60_000), int64(0), int64(1500), int64(0), int64(0), int64(4), int64(-1), int64(0), int64(0))
 		}
 		return r
 	}
 	out := make([]window.Decision, 2)
 	info := make([]counter, 2)
 	ok, now, err := parseReply(good(), []int{0, 1}, out, info)
-	if err != nil || !ok || now != 1000 || out[1] != (window.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Minute}) ||
+	if err != nil || !ok || now != 1000 || out[1] != (window.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Minute, NextAfter: 1500 * time.Millisecond}) ||
 		info[0].rolled.Curr != 4 || info[0].existed {
 		t.Fatalf("good reply: %v %d %v %+v %+v", ok, now, err, out, info)
 	}
@@ -728,6 +750,7 @@ func TestParseReply(t *testing.T) {
 		"NegRemaining":  func(r []any) []any { r[3] = int64(-1); return r },
 		"NegReset":      func(r []any) []any { r[4] = int64(-5); return r },
 		"NegRetry":      func(r []any) []any { r[5] = int64(-2); return r },
+		"NegNext":       func(r []any) []any { r[6] = int64(-1); return r },
 	}
 	for name, f := range bad {
 		if _, _, err := parseReply(f(good()), []int{0, 1}, out, info); err == nil {

@@ -80,7 +80,15 @@ type step struct {
 	at      time.Duration
 	charges []window.Charge
 	allowed bool
-	want    []window.Decision
+	want    []want
+}
+
+// want is what a step expects of one charge, worked out by hand; the
+// durations of every Decision are checked against window.Take, the model,
+// at the same instant.
+type want struct {
+	allowed   bool
+	remaining int
 }
 
 type scenario struct {
@@ -96,189 +104,187 @@ func ch(key, name string, l window.Limit, cost int) window.Charge {
 	return window.Charge{Key: key, Name: name, Limit: l, Cost: cost}
 }
 
-// d is a Decision.
-func d(allowed bool, remaining int, reset, retry time.Duration) window.Decision {
-	return window.Decision{Allowed: allowed, Remaining: remaining, ResetAfter: reset, RetryAfter: retry}
-}
+// d is what a charge is expected to get.
+func d(allowed bool, remaining int) want { return want{allowed, remaining} }
 
 // one is a step with a single charge.
-func one(at time.Duration, c window.Charge, want window.Decision) step {
-	return step{at: at, charges: []window.Charge{c}, allowed: want.Allowed, want: []window.Decision{want}}
+func one(at time.Duration, c window.Charge, w want) step {
+	return step{at: at, charges: []window.Charge{c}, allowed: w.allowed, want: []want{w}}
 }
 
-// never is the RetryAfter of a charge that costs more than its limit.
-const never = -1
-
-// The tables. In the comments, w is the window in ms, e the time elapsed in
-// the current window, p and c the previous and current counts; a request
-// of cost k fits when p*(w-e) + (c+k)*w <= limit*w, and
-//
-//	Remaining  = floor((limit*w - p*(w-e) - c*w) / w), at least 0
-//	ResetAfter = 2w-e if c > 0, else w-e if p > 0, else 0
-//	RetryAfter = max(0, w-e - (limit-c-k)*w/p)   if limit-c-k >= 0
-//	           = w-e + w - (limit-k)*w/c          otherwise
+// The tables. Windows start at a counter's first request (or its first
+// after it was empty again). In the comments, W is the window in ms, e the
+// ms elapsed in the current window, p and c the previous and current
+// counts; a request of cost k fits when p*(W-1-e) + (c+k)*W <= limit*W,
+// and Remaining = floor((limit*W - p*(W-1-e) - c*W) / W), at least 0.
 var scenarios = []scenario{
 	{"BurstThenDeny", []step{
-		// 5/min, all at e=10s: c = 1..5, Remaining 4..0, reset 120-10 s.
-		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 4, 110*sec, 0)),
-		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 3, 110*sec, 0)),
-		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 2, 110*sec, 0)),
-		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 1, 110*sec, 0)),
-		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 0, 110*sec, 0)),
-		// c=5: 6w > 5w. Retry in the next window: 60-10 + 60 - 4*60/5 = 62 s.
-		one(10*sec, ch("k", "r", perMin(5), 1), d(false, 0, 110*sec, 62*sec)),
-		// Window 2, e=11.999s, p=5: 5*48001 + 60000 > 300000. Remaining
-		// floor(59995/60000) = 0, reset w-e = 48001 ms, retry 60000 -
-		// 11999 - 4*60000/5 = 1 ms.
-		one(71999*ms, ch("k", "r", perMin(5), 1), d(false, 0, 48001*ms, 1*ms)),
-		// One millisecond later it fits exactly: 5*48000 + 60000 = 5w.
-		one(72*sec, ch("k", "r", perMin(5), 1), d(true, 0, 108*sec, 0)),
-		// p=5, c=1, e=12s: retry 48000 - 3*60000/5 = 12 s.
-		one(72*sec, ch("k", "r", perMin(5), 1), d(false, 0, 108*sec, 12*sec)),
+		// 5/min from 10 s on: c = 1..5, Remaining 4..0.
+		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 4)),
+		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 3)),
+		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 2)),
+		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 1)),
+		one(10*sec, ch("k", "r", perMin(5), 1), d(true, 0)),
+		// c=5: 6W > 5W.
+		one(10*sec, ch("k", "r", perMin(5), 1), d(false, 0)),
+		// Window 2 starts at 70 s. e=11998: 5*48001 + 60000 > 300000.
+		one(81998*ms, ch("k", "r", perMin(5), 1), d(false, 0)),
+		// One millisecond later it fits exactly: 5*48000 + 60000 = 5W.
+		one(81999*ms, ch("k", "r", perMin(5), 1), d(true, 0)),
+		one(81999*ms, ch("k", "r", perMin(5), 1), d(false, 0)),
 	}},
 	{"WorkedExample", []step{
-		// 100/min: 80 in the first window, 40 in the second, then 30 s
-		// into the second window the estimate is 80*30/60 + 40 = 80.
-		one(5*sec, ch("k", "r", perMin(100), 80), d(true, 20, 115*sec, 0)),
-		// e=25s: 80*35000 + 40*60000 = 5.2e6 <= 6e6; Remaining 13.
-		one(85*sec, ch("k", "r", perMin(100), 40), d(true, 13, 95*sec, 0)),
-		one(90*sec, ch("k", "r", perMin(100), 0), d(true, 20, 90*sec, 0)),
-		// Estimate 81 after this request: Remaining 19.
-		one(90*sec, ch("k", "r", perMin(100), 1), d(true, 19, 90*sec, 0)),
+		// 100/min: 80 in the first window (from 5 s), 40 in the second
+		// (from 65 s), e=20 s: 80*39999 + 40*60000 <= 6e6, 6 left.
+		one(5*sec, ch("k", "r", perMin(100), 80), d(true, 20)),
+		one(85*sec, ch("k", "r", perMin(100), 40), d(true, 6)),
+		// e=30 s: the estimate is 80*29999/60000 + 40, just under 80.
+		one(95*sec, ch("k", "r", perMin(100), 0), d(true, 20)),
+		one(95*sec, ch("k", "r", perMin(100), 1), d(true, 19)),
 	}},
 	{"Costs", []step{
-		one(0, ch("k", "r", perMin(10), 4), d(true, 6, 120*sec, 0)),
-		one(0, ch("k", "r", perMin(10), 4), d(true, 2, 120*sec, 0)),
-		// c=8: 12 > 10. Retry 60 + 60 - 6*60000/8 ms = 75 s.
-		one(0, ch("k", "r", perMin(10), 4), d(false, 2, 120*sec, 75*sec)),
-		one(0, ch("k", "r", perMin(10), 2), d(true, 0, 120*sec, 0)),
+		one(0, ch("k", "r", perMin(10), 4), d(true, 6)),
+		one(0, ch("k", "r", perMin(10), 4), d(true, 2)),
+		// c=8: 12 > 10.
+		one(0, ch("k", "r", perMin(10), 4), d(false, 2)),
+		one(0, ch("k", "r", perMin(10), 2), d(true, 0)),
 		// A cost above the limit never fits.
-		one(0, ch("k", "r", perMin(10), 11), d(false, 0, 120*sec, never)),
-		one(0, ch("k2", "r", perMin(10), 11), d(false, 10, 0, never)),
-		one(0, ch("k2", "r", perMin(10), 1<<40), d(false, 10, 0, never)),
+		one(0, ch("k", "r", perMin(10), 11), d(false, 0)),
+		one(0, ch("k2", "r", perMin(10), 11), d(false, 10)),
+		one(0, ch("k2", "r", perMin(10), 1<<40), d(false, 10)),
 		// A cost equal to the limit fits an empty counter.
-		one(0, ch("k3", "r", perMin(10), 10), d(true, 0, 120*sec, 0)),
+		one(0, ch("k3", "r", perMin(10), 10), d(true, 0)),
 	}},
 	{"DeniedIsNotCharged", []step{
-		one(30*sec, ch("k", "r", perMin(10), 8), d(true, 2, 90*sec, 0)),
-		// 13 > 10; retry 60-30 + 60 - 5*60000/8 ms = 52.5 s.
-		one(30*sec, ch("k", "r", perMin(10), 5), d(false, 2, 90*sec, 52500*ms)),
-		one(30*sec, ch("k", "r", perMin(10), 2), d(true, 0, 90*sec, 0)),
-		one(30*sec, ch("k", "r", perMin(10), 0), d(true, 0, 90*sec, 0)),
+		one(30*sec, ch("k", "r", perMin(10), 8), d(true, 2)),
+		one(30*sec, ch("k", "r", perMin(10), 5), d(false, 2)),
+		one(30*sec, ch("k", "r", perMin(10), 2), d(true, 0)),
+		one(30*sec, ch("k", "r", perMin(10), 0), d(true, 0)),
 	}},
 	{"RollOver", []step{
-		one(30*sec, ch("k", "r", perMin(10), 6), d(true, 4, 90*sec, 0)),
-		// Window 2, e=0: p=6 counts in full; 6+1 = 7.
-		one(60*sec, ch("k", "r", perMin(10), 1), d(true, 3, 120*sec, 0)),
-		// Window 3, e=30s, p=1 (window 2's count): 1*30000 + 60000 = 1.5w,
-		// Remaining floor(8.5) = 8.
-		one(150*sec, ch("k", "r", perMin(10), 1), d(true, 8, 90*sec, 0)),
-		// Window 6, three windows after the last write: a fresh counter.
-		one(315*sec, ch("k", "r", perMin(10), 1), d(true, 9, 105*sec, 0)),
+		one(30*sec, ch("k", "r", perMin(10), 6), d(true, 4)),
+		// Window 2 (from 90 s), e=0: 6*59999 + 7*60000... with c=1: 3 left.
+		one(90*sec, ch("k", "r", perMin(10), 1), d(true, 3)),
+		// Window 3 (from 150 s), e=30 s, p=1: 29999 + 60000, 8 left.
+		one(180*sec, ch("k", "r", perMin(10), 1), d(true, 8)),
+		// Two windows after the last write: a fresh counter.
+		one(375*sec, ch("k", "r", perMin(10), 1), d(true, 9)),
 	}},
 	{"SkipTwoWindows", []step{
-		one(10*sec, ch("k", "r", perMin(10), 10), d(true, 0, 110*sec, 0)),
-		// Window 2, e=0: p=10 still counts in full. Retry 60 - 9*60/10 = 6 s.
-		one(60*sec, ch("k", "r", perMin(10), 1), d(false, 0, 60*sec, 6*sec)),
+		one(10*sec, ch("k", "r", perMin(10), 10), d(true, 0)),
+		// Window 2, e=0: p=10 weighs 59999/60000.
+		one(70*sec, ch("k", "r", perMin(10), 1), d(false, 0)),
 		// Window 3: the count of window 1 no longer weighs.
-		one(120*sec, ch("k", "r", perMin(10), 10), d(true, 0, 120*sec, 0)),
+		one(130*sec, ch("k", "r", perMin(10), 10), d(true, 0)),
 	}},
 	{"Expiry", []step{
-		// 100/h, filled 30 min into window 1.
-		one(30*min, ch("k", "r", perHour(100), 100), d(true, 0, 90*min, 0)),
-		// 1 ms before window 3: p=100 weighs 1/3600000, Remaining
-		// floor((360000000-100)/3600000) = 99, reset w-e = 1 ms.
-		one(2*time.Hour-ms, ch("k", "r", perHour(100), 0), d(true, 99, ms, 0)),
+		// 100/h, filled 30 min in.
+		one(30*min, ch("k", "r", perHour(100), 100), d(true, 0)),
+		// Two ticks before its window 3: p=100 weighs 1/3600000.
+		one(150*min-2*ms, ch("k", "r", perHour(100), 0), d(true, 99)),
+		// The last tick of window 2: p no longer weighs.
+		one(150*min-ms, ch("k", "r", perHour(100), 0), d(true, 100)),
 		// Idle for a full window after its own: empty.
-		one(2*time.Hour, ch("k", "r", perHour(100), 0), d(true, 100, 0, 0)),
-		one(5*time.Hour, ch("k", "r", perHour(100), 100), d(true, 0, 2*time.Hour, 0)),
+		one(150*min, ch("k", "r", perHour(100), 0), d(true, 100)),
+		one(5*time.Hour, ch("k", "r", perHour(100), 100), d(true, 0)),
 	}},
 	{"ClockBackwards", []step{
-		one(30*sec, ch("k", "r", perMin(10), 6), d(true, 4, 90*sec, 0)),
-		// Window 2, e=10s: 6*50000 + 2*60000 = 7w.
-		one(70*sec, ch("k", "r", perMin(10), 2), d(true, 3, 110*sec, 0)),
-		// Back in window 1: decided at the start of window 2 (e=0), where
-		// p=6 counts in full: 6+2 = 8.
-		one(55*sec, ch("k", "r", perMin(10), 0), d(true, 2, 120*sec, 0)),
-		one(55*sec, ch("k", "r", perMin(10), 2), d(true, 0, 120*sec, 0)),
-		// 6+5 > 10; retry 60 - 0 - 5*60000/6 ms = 10 s.
-		one(55*sec, ch("k", "r", perMin(10), 1), d(false, 0, 120*sec, 10*sec)),
-		// Forward again, e=15s: 6*45000 + 4*60000 = 510000, Remaining 1.
-		one(75*sec, ch("k", "r", perMin(10), 0), d(true, 1, 105*sec, 0)),
+		one(30*sec, ch("k", "r", perMin(10), 6), d(true, 4)),
+		// Window 2 (from 90 s), e=10 s: 6*49999 + 2*60000, 3 left.
+		one(100*sec, ch("k", "r", perMin(10), 2), d(true, 3)),
+		// Back in window 1: decided at the start of window 2 (e=0).
+		one(85*sec, ch("k", "r", perMin(10), 0), d(true, 2)),
+		one(85*sec, ch("k", "r", perMin(10), 2), d(true, 0)),
+		one(85*sec, ch("k", "r", perMin(10), 1), d(false, 0)),
+		// Forward again, e=15s: 6*44999 + 4*60000, 1 left.
+		one(105*sec, ch("k", "r", perMin(10), 0), d(true, 1)),
 		// Far back, before the counter's first window: still window 2.
-		one(0, ch("k", "r", perMin(10), 0), d(true, 0, 120*sec, 0)),
+		one(0, ch("k", "r", perMin(10), 0), d(true, 0)),
 	}},
 	{"ReadsAndDeniesChangeNothing", []step{
 		// Only admitted charges with a cost change a counter. A read or a
 		// deny in a later window does not roll it, which shows when the
 		// clock then goes back to the counter's own window.
-		one(10*sec, ch("k", "r", perMin(10), 4), d(true, 6, 110*sec, 0)),
-		one(70*sec, ch("k", "r", perMin(10), 0), d(true, 6, 50*sec, 0)),
-		// 4*50000 + 9*60000 > 10w; retry 60 - 10 - 1*60000/4 ms = 35 s.
-		one(70*sec, ch("k", "r", perMin(10), 9), d(false, 6, 50*sec, 35*sec)),
+		one(10*sec, ch("k", "r", perMin(10), 4), d(true, 6)),
+		one(80*sec, ch("k", "r", perMin(10), 0), d(true, 6)),
+		// 4*49999 + 9*60000 > 10W.
+		one(80*sec, ch("k", "r", perMin(10), 9), d(false, 6)),
 		// Back to e=20s of window 1, with c=4 as written.
-		one(20*sec, ch("k", "r", perMin(10), 0), d(true, 6, 100*sec, 0)),
+		one(30*sec, ch("k", "r", perMin(10), 0), d(true, 6)),
 		// A denied request with two charges leaves the one that fits alone.
-		{at: 20 * sec, charges: []window.Charge{ch("k", "r", perMin(10), 1), ch("k", "r2", perMin(1), 2)},
-			allowed: false, want: []window.Decision{d(true, 6, 100*sec, 0), d(false, 1, 0, never)}},
-		one(20*sec, ch("k", "r", perMin(10), 0), d(true, 6, 100*sec, 0)),
+		{at: 30 * sec, charges: []window.Charge{ch("k", "r", perMin(10), 1), ch("k", "r2", perMin(1), 2)},
+			allowed: false, want: []want{d(true, 6), d(false, 1)}},
+		one(30*sec, ch("k", "r", perMin(10), 0), d(true, 6)),
 	}},
 	{"AllOrNothingSameKey", allOrNothing("k", "k")},
 	{"AllOrNothingTwoKeys", allOrNothing("k1", "k2")},
 	{"AllOrNothingDenierFirst", []step{
 		{at: 0, charges: []window.Charge{ch("k2", "b", perMin(1), 1), ch("k1", "a", perMin(10), 1)},
-			allowed: true, want: []window.Decision{d(true, 0, 120*sec, 0), d(true, 9, 120*sec, 0)}},
-		// b: c=1, 2 > 1, retry 60 + 60 - 0 = 120 s; a fits alone.
+			allowed: true, want: []want{d(true, 0), d(true, 9)}},
+		// b: c=1, 2 > 1; a fits alone.
 		{at: 0, charges: []window.Charge{ch("k2", "b", perMin(1), 1), ch("k1", "a", perMin(10), 1)},
-			allowed: false, want: []window.Decision{d(false, 0, 120*sec, 120*sec), d(true, 9, 120*sec, 0)}},
-		one(0, ch("k1", "a", perMin(10), 0), d(true, 9, 120*sec, 0)),
+			allowed: false, want: []want{d(false, 0), d(true, 9)}},
+		one(0, ch("k1", "a", perMin(10), 0), d(true, 9)),
 	}},
 	{"AllOrNothingThreeKeys", []step{
 		{at: 0, charges: []window.Charge{ch("k1", "a", perMin(10), 3), ch("k2", "b", perMin(5), 3), ch("k3", "c", perHour(10), 3)},
-			allowed: true, want: []window.Decision{d(true, 7, 120*sec, 0), d(true, 2, 120*sec, 0), d(true, 7, 2*time.Hour, 0)}},
-		// 6 > 5 on b: retry 60 + 60 - 2*60000/3 ms = 80 s.
+			allowed: true, want: []want{d(true, 7), d(true, 2), d(true, 7)}},
+		// 6 > 5 on b.
 		{at: 0, charges: []window.Charge{ch("k1", "a", perMin(10), 3), ch("k2", "b", perMin(5), 3), ch("k3", "c", perHour(10), 3)},
-			allowed: false, want: []window.Decision{d(true, 7, 120*sec, 0), d(false, 2, 120*sec, 80*sec), d(true, 7, 2*time.Hour, 0)}},
+			allowed: false, want: []want{d(true, 7), d(false, 2), d(true, 7)}},
 		{at: 0, charges: []window.Charge{ch("k1", "a", perMin(10), 0), ch("k3", "c", perHour(10), 0)},
-			allowed: true, want: []window.Decision{d(true, 7, 120*sec, 0), d(true, 7, 2*time.Hour, 0)}},
-		// Two charges on k1 and one on k2; k2 denies (8 > 5, retry 60 + 60
-		// - 0 s), so k1 keeps 3 and x stays empty.
+			allowed: true, want: []want{d(true, 7), d(true, 7)}},
+		// Two charges on k1 and one on k2; k2 denies (8 > 5), so k1 keeps
+		// 3 and x stays empty.
 		{at: 0, charges: []window.Charge{ch("k1", "a", perMin(10), 1), ch("k2", "b", perMin(5), 5), ch("k1", "x", perMin(10), 2)},
-			allowed: false, want: []window.Decision{d(true, 7, 120*sec, 0), d(false, 2, 120*sec, 120*sec), d(true, 10, 0, 0)}},
-		one(0, ch("k1", "a", perMin(10), 0), d(true, 7, 120*sec, 0)),
-		one(0, ch("k1", "x", perMin(10), 0), d(true, 10, 0, 0)),
+			allowed: false, want: []want{d(true, 7), d(false, 2), d(true, 10)}},
+		one(0, ch("k1", "a", perMin(10), 0), d(true, 7)),
+		one(0, ch("k1", "x", perMin(10), 0), d(true, 10)),
 	}},
 	{"SameCounterTwice", []step{
 		// Each charge is decided against the counter as it was; both are
 		// counted: 3+3 here, although 6 > 5.
 		{at: 0, charges: []window.Charge{ch("k", "r", perMin(5), 3), ch("k", "r", perMin(5), 3)},
-			allowed: true, want: []window.Decision{d(true, 2, 120*sec, 0), d(true, 2, 120*sec, 0)}},
-		// Even a read does not fit 6 > 5: retry 60 + 60 - 5*60000/6 ms.
-		one(0, ch("k", "r", perMin(5), 0), d(false, 0, 120*sec, 70*sec)),
-		// Window 2, e=30s: p=6 weighs 3.
-		one(90*sec, ch("k", "r", perMin(5), 0), d(true, 2, 30*sec, 0)),
+			allowed: true, want: []want{d(true, 2), d(true, 2)}},
+		// Even a read does not fit 6 > 5.
+		one(0, ch("k", "r", perMin(5), 0), d(false, 0)),
+		// Window 2, e=30s: p=6 weighs 6*29999/60000, just under 3.
+		one(90*sec, ch("k", "r", perMin(5), 0), d(true, 2)),
 		{at: 90 * sec, charges: []window.Charge{ch("k", "r", perMin(5), 1), ch("k", "r", perMin(5), 1)},
-			allowed: true, want: []window.Decision{d(true, 1, 90*sec, 0), d(true, 1, 90*sec, 0)}},
-		one(90*sec, ch("k", "r", perMin(5), 0), d(true, 0, 90*sec, 0)),
+			allowed: true, want: []want{d(true, 1), d(true, 1)}},
+		one(90*sec, ch("k", "r", perMin(5), 0), d(true, 0)),
 	}},
 	{"SameKeyOtherName", []step{
-		one(0, ch("k", "a", perMin(1), 1), d(true, 0, 120*sec, 0)),
-		one(0, ch("k", "a", perMin(1), 1), d(false, 0, 120*sec, 120*sec)),
-		one(0, ch("k", "b", perMin(1), 1), d(true, 0, 120*sec, 0)),
+		one(0, ch("k", "a", perMin(1), 1), d(true, 0)),
+		one(0, ch("k", "a", perMin(1), 1), d(false, 0)),
+		one(0, ch("k", "b", perMin(1), 1), d(true, 0)),
 	}},
 	{"SameKeyOtherWindow", []step{
-		one(0, ch("k", "a", perMin(1), 1), d(true, 0, 120*sec, 0)),
-		one(0, ch("k", "a", perMin(1), 1), d(false, 0, 120*sec, 120*sec)),
-		one(0, ch("k", "a", perHour(1), 1), d(true, 0, 2*time.Hour, 0)),
-		one(0, ch("k", "a", window.Limit{Requests: 1, Window: 2 * min}, 1), d(true, 0, 4*min, 0)),
+		one(0, ch("k", "a", perMin(1), 1), d(true, 0)),
+		one(0, ch("k", "a", perMin(1), 1), d(false, 0)),
+		one(0, ch("k", "a", perHour(1), 1), d(true, 0)),
+		one(0, ch("k", "a", window.Limit{Requests: 1, Window: 2 * min}, 1), d(true, 0)),
 	}},
 	{"LimitChangeKeepsCount", []step{
-		one(0, ch("k", "r", perMin(10), 5), d(true, 5, 120*sec, 0)),
-		one(0, ch("k", "r", perMin(20), 0), d(true, 15, 120*sec, 0)),
-		// Over a lowered limit: retry 60 + 60 - 2*60000/5 ms = 96 s.
-		one(0, ch("k", "r", perMin(3), 1), d(false, 0, 120*sec, 96*sec)),
-		// Even a read: 60 + 60 - 3*60000/5 ms = 84 s.
-		one(0, ch("k", "r", perMin(3), 0), d(false, 0, 120*sec, 84*sec)),
+		one(0, ch("k", "r", perMin(10), 5), d(true, 5)),
+		one(0, ch("k", "r", perMin(20), 0), d(true, 15)),
+		// Over a lowered limit, even for a read.
+		one(0, ch("k", "r", perMin(3), 1), d(false, 0)),
+		one(0, ch("k", "r", perMin(3), 0), d(false, 0)),
+	}},
+	{"LargeLimits", []step{
+		// 1e12 per 366 days (ticks of 10,540,800 ms) and 1e6 per 30 days.
+		one(0, ch("k", "year", window.Limit{Requests: 1e12, Window: 366 * 24 * time.Hour}, 999_999_999_999), d(true, 1)),
+		one(0, ch("k", "year", window.Limit{Requests: 1e12, Window: 366 * 24 * time.Hour}, 2), d(false, 1)),
+		one(time.Hour, ch("k", "year", window.Limit{Requests: 1e12, Window: 366 * 24 * time.Hour}, 1), d(true, 0)),
+		one(0, ch("k", "month", window.Limit{Requests: 1e6, Window: 30 * 24 * time.Hour}, 1e6), d(true, 0)),
+		one(29*24*time.Hour, ch("k", "month", window.Limit{Requests: 1e6, Window: 30 * 24 * time.Hour}, 1), d(false, 0)),
+		// In the next window the first window's million weighs
+		// 1e6*(W-1-e)/W: one unit is free once 1e6*(1+e) >= W, at
+		// e = 2,592 - 1 ms.
+		one(30*24*time.Hour+2590*ms, ch("k", "month", window.Limit{Requests: 1e6, Window: 30 * 24 * time.Hour}, 1), d(false, 0)),
+		one(30*24*time.Hour+2591*ms, ch("k", "month", window.Limit{Requests: 1e6, Window: 30 * 24 * time.Hour}, 1), d(true, 0)),
+		one(0, ch("k", "hour", window.Limit{Requests: 1e9, Window: time.Hour}, 1e9), d(true, 0)),
 	}},
 }
 
@@ -289,15 +295,47 @@ func allOrNothing(keyA, keyB string) []step {
 		return []window.Charge{ch(keyA, "a", perMin(10), cost), ch(keyB, "b", perMin(3), cost)}
 	}
 	return []step{
-		{at: 0, charges: both(1), allowed: true, want: []window.Decision{d(true, 9, 120*sec, 0), d(true, 2, 120*sec, 0)}},
-		{at: 0, charges: both(1), allowed: true, want: []window.Decision{d(true, 8, 120*sec, 0), d(true, 1, 120*sec, 0)}},
-		{at: 0, charges: both(1), allowed: true, want: []window.Decision{d(true, 7, 120*sec, 0), d(true, 0, 120*sec, 0)}},
-		// b: 4 > 3, retry 60 + 60 - 2*60000/3 ms = 80 s; a, which fits,
-		// is described as not charged.
-		{at: 0, charges: both(1), allowed: false, want: []window.Decision{d(true, 7, 120*sec, 0), d(false, 0, 120*sec, 80*sec)}},
-		one(0, ch(keyA, "a", perMin(10), 0), d(true, 7, 120*sec, 0)),
-		{at: 0, charges: both(0), allowed: true, want: []window.Decision{d(true, 7, 120*sec, 0), d(true, 0, 120*sec, 0)}},
+		{at: 0, charges: both(1), allowed: true, want: []want{d(true, 9), d(true, 2)}},
+		{at: 0, charges: both(1), allowed: true, want: []want{d(true, 8), d(true, 1)}},
+		{at: 0, charges: both(1), allowed: true, want: []want{d(true, 7), d(true, 0)}},
+		// b: 4 > 3; a, which fits, is described as not charged.
+		{at: 0, charges: both(1), allowed: false, want: []want{d(true, 7), d(false, 0)}},
+		one(0, ch(keyA, "a", perMin(10), 0), d(true, 7)),
+		{at: 0, charges: both(0), allowed: true, want: []want{d(true, 7), d(true, 0)}},
 	}
+}
+
+// counterID names a counter as every store does: Key, Name and window.
+type counterID struct {
+	key, name string
+	w         time.Duration
+}
+
+// model is the reference store: window.Take over a map of states. Like
+// every store, only admitted charges with a cost change a counter.
+type model map[counterID]window.State
+
+// take decides charges at now and, if admitted, counts them.
+func (m model) take(now time.Time, charges []window.Charge) (bool, []window.Decision) {
+	states := make([]window.State, len(charges))
+	for i, c := range charges {
+		states[i] = m[counterID{c.Key, c.Name, c.Limit.Window}]
+	}
+	out := make([]window.Decision, len(charges))
+	ms := window.Millis(now)
+	allowed := window.Take(states, ms, charges, out)
+	if allowed {
+		// Counters named twice get every cost, rolled once.
+		for _, c := range charges {
+			if c.Cost > 0 {
+				k := counterID{c.Key, c.Name, c.Limit.Window}
+				st, _ := window.Roll(m[k], ms, c.Limit.Window.Milliseconds())
+				st.Curr += int64(c.Cost)
+				m[k] = st
+			}
+		}
+	}
+	return allowed, out
 }
 
 // unique returns a string unique to this run of the test, to make its Keys
@@ -311,6 +349,7 @@ func unique(t *testing.T) string {
 func runScenario(t *testing.T, s Store, sc scenario) {
 	u := unique(t)
 	ctx := context.Background()
+	m := model{}
 	for i, st := range sc.steps {
 		charges := make([]window.Charge, len(st.charges))
 		for j, c := range st.charges {
@@ -322,9 +361,18 @@ func runScenario(t *testing.T, s Store, sc scenario) {
 		if err != nil {
 			t.Fatalf("step %d (T0+%s): Take: %v", i, st.at, err)
 		}
-		if allowed != st.allowed || !equal(out, st.want) {
-			t.Fatalf("step %d (T0+%s) %s:\n got %v %s\nwant %v %s",
-				i, st.at, describeCharges(st.charges), allowed, fmtDecisions(out), st.allowed, fmtDecisions(st.want))
+		ok := allowed == st.allowed && len(out) == len(st.want)
+		for j := range out {
+			ok = ok && out[j].Allowed == st.want[j].allowed && out[j].Remaining == st.want[j].remaining
+		}
+		if !ok {
+			t.Fatalf("step %d (T0+%s) %s:\n got %v %s\nwant %v %v",
+				i, st.at, describeCharges(st.charges), allowed, fmtDecisions(out), st.allowed, st.want)
+		}
+		refAllowed, ref := m.take(T0.Add(st.at), charges)
+		if allowed != refAllowed || !equal(out, ref) {
+			t.Fatalf("step %d (T0+%s) %s: the store and window.Take disagree:\n  store %v %s\n model %v %s",
+				i, st.at, describeCharges(st.charges), allowed, fmtDecisions(out), refAllowed, fmtDecisions(ref))
 		}
 	}
 }
@@ -358,7 +406,7 @@ func fmtDecisions(ds []window.Decision) string {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		fmt.Fprintf(&b, "{allowed=%v remaining=%d reset=%s retry=%s}", x.Allowed, x.Remaining, x.ResetAfter, x.RetryAfter)
+		fmt.Fprintf(&b, "{allowed=%v remaining=%d reset=%s retry=%s next=%s}", x.Allowed, x.Remaining, x.ResetAfter, x.RetryAfter, x.NextAfter)
 	}
 	return b.String()
 }
@@ -369,7 +417,12 @@ func testManyKeys(t *testing.T, s Store) {
 	u := unique(t)
 	ctx := context.Background()
 	out := make([]window.Decision, 1)
-	for round, want := range []window.Decision{d(true, 0, 90*sec, 0), d(false, 0, 90*sec, 90*sec)} {
+	// 1/min: the unit comes back when the request stops weighing, in the
+	// last ms of the next window, 119.999 s on.
+	for round, want := range []window.Decision{
+		{Allowed: true, ResetAfter: 119999 * ms, NextAfter: 119999 * ms},
+		{ResetAfter: 119999 * ms, RetryAfter: 119999 * ms, NextAfter: 119999 * ms},
+	} {
 		for i := 0; i < n; i++ {
 			c := []window.Charge{ch(u+strconv.Itoa(i), "r", perMin(1), 1)}
 			allowed, err := s.Take(ctx, T0.Add(30*sec), c, out)
@@ -395,7 +448,10 @@ func testHostileKeys(t *testing.T, s Store) {
 	names := []string{"r", "", "r:1", "{r}", "r\n", strings.Repeat("n", 64), strings.Repeat("n", 65), "r/x"}
 	ctx := context.Background()
 	out := make([]window.Decision, 1)
-	for round, want := range []window.Decision{d(true, 0, 120*sec, 0), d(false, 0, 120*sec, 120*sec)} {
+	for round, want := range []window.Decision{
+		{Allowed: true, ResetAfter: 119999 * ms, NextAfter: 119999 * ms},
+		{ResetAfter: 119999 * ms, RetryAfter: 119999 * ms, NextAfter: 119999 * ms},
+	} {
 		for _, k := range keys {
 			for _, name := range names {
 				c := []window.Charge{ch(u+k, name, perMin(1), 1)}
@@ -441,7 +497,9 @@ func testErrors(t *testing.T, s Store) {
 		{"ZeroRequests", []window.Charge{ok, ch(u+"k", "r2", perMin(0), 1)}, 2},
 		{"ZeroWindow", []window.Charge{ch(u+"k", "r", window.Limit{Requests: 1}, 1)}, 1},
 		{"FractionalWindow", []window.Charge{ch(u+"k", "r", window.Limit{Requests: 1, Window: 1500 * time.Microsecond}, 1)}, 1},
-		{"Overflow", []window.Charge{ch(u+"k", "r", window.Limit{Requests: math.MaxInt32, Window: 24 * time.Hour}, 1)}, 1},
+		{"TooManyRequests", []window.Charge{ch(u+"k", "r", window.Limit{Requests: window.MaxRequests + 1, Window: time.Second}, 1)}, 1},
+		{"MaxInt", []window.Charge{ch(u+"k", "r", window.Limit{Requests: math.MaxInt, Window: time.Second}, 1)}, 1},
+		{"LongWindow", []window.Charge{ch(u+"k", "r", window.Limit{Requests: 1, Window: window.MaxWindow + ms}, 1)}, 1},
 		{"NegativeCost", []window.Charge{ch(u+"k", "r", perMin(10), -1)}, 1},
 	}
 	for _, tt := range bad {
@@ -451,7 +509,7 @@ func testErrors(t *testing.T, s Store) {
 	}
 	// Nothing was counted by the failed calls.
 	out := make([]window.Decision, 1)
-	if allowed, err := s.Take(ctx, T0, []window.Charge{ch(u+"k", "r", perMin(10), 0)}, out); err != nil || !allowed || out[0] != d(true, 10, 0, 0) {
+	if allowed, err := s.Take(ctx, T0, []window.Charge{ch(u+"k", "r", perMin(10), 0)}, out); err != nil || !allowed || out[0] != (window.Decision{Allowed: true, Remaining: 10}) {
 		t.Errorf("after the errors: got %v %s %v, want an untouched counter", allowed, fmtDecisions(out), err)
 	}
 	if allowed, err := s.Take(ctx, T0, nil, nil); err != nil || !allowed {
@@ -465,11 +523,7 @@ func testErrors(t *testing.T, s Store) {
 // every store, only admitted charges with a cost change a counter.
 func testAgainstReference(t *testing.T, s Store) {
 	u := unique(t)
-	type id struct {
-		key, name string
-		w         time.Duration
-	}
-	model := map[id]window.State{}
+	m := model{}
 	keys := []string{"a", "b", "c"}
 	names := []string{"x", "y"}
 	windows := []time.Duration{time.Minute, 90 * time.Second, time.Hour}
@@ -485,7 +539,7 @@ func testAgainstReference(t *testing.T, s Store) {
 			// (as Redis does in real time), which is indistinguishable
 			// from an empty counter only while the clock goes forward.
 			back := now.Add(-time.Duration(rng.IntN(90_000)) * time.Millisecond)
-			for k, st := range model {
+			for k, st := range m {
 				exp := time.UnixMilli(st.Start).Add(2 * k.w)
 				if !exp.After(latest) && exp.After(back) {
 					back = exp
@@ -502,7 +556,6 @@ func testAgainstReference(t *testing.T, s Store) {
 		}
 		n := 1 + rng.IntN(3)
 		charges := make([]window.Charge, 0, n)
-		ids := make([]id, 0, n)
 		for len(charges) < n {
 			c := window.Charge{
 				Key:   keys[rng.IntN(len(keys))],
@@ -513,27 +566,10 @@ func testAgainstReference(t *testing.T, s Store) {
 			if rng.IntN(20) == 0 {
 				c.Cost = 13 + rng.IntN(5) // more than any limit
 			}
+			c.Key = u + c.Key
 			charges = append(charges, c)
-			ids = append(ids, id{c.Key, c.Name, c.Limit.Window})
-			charges[len(charges)-1].Key = u + c.Key
 		}
-		states := make([]window.State, n)
-		for i, k := range ids {
-			states[i] = model[k]
-		}
-		want := make([]window.Decision, n)
-		wantAllowed := window.Take(states, window.Millis(now), charges, want)
-		if wantAllowed {
-			// Counters named twice get every cost, rolled once.
-			for i, k := range ids {
-				if charges[i].Cost > 0 {
-					st := model[k]
-					st, _ = window.Roll(st, window.Millis(now), k.w.Milliseconds())
-					st.Curr += int64(charges[i].Cost)
-					model[k] = st
-				}
-			}
-		}
+		wantAllowed, want := m.take(now, charges)
 		got := make([]window.Decision, n)
 		allowed, err := s.Take(ctx, now, charges, got)
 		if err != nil {

@@ -1,38 +1,76 @@
 // Package window holds the vocabulary shared by every store and the pure
 // arithmetic of the sliding-window counter.
 //
-// Time is cut into fixed windows of length W, aligned on the Unix epoch. A
-// counter keeps the count of the current window and of the one before it.
-// At an instant t that lies elapsed into the current window, the estimated
-// number of requests in the sliding window that ends at t is
+// # Windows anchored per counter
 //
-//	estimate = prev * (W - elapsed) / W + curr
+// A counter's windows start at the request that created it: its first
+// window is [t0, t0+W), the next [t0+W, t0+2W), and so on. A counter keeps
+// the count of its current window and of the one before it. When both are
+// zero again (the client stayed away for a whole window, or the counter is
+// new) the next request starts afresh, with windows anchored at that
+// request. A client therefore never finds itself part-way into a window it
+// has not used, which is what lets a client that starts hammering a cold
+// counter get limit + 1 requests at most in any interval of one window,
+// instead of up to twice the limit with windows aligned on the Unix epoch.
 //
-// A request of cost c is allowed when estimate + c <= limit; only an allowed
-// request is counted.
+// # Ticks
 //
-// All arithmetic is done on integer milliseconds and exact integers, with no
+// Time inside a window is counted in ticks of R milliseconds, where R is
+// the smallest whole number of milliseconds that divides the window and
+// keeps every intermediate value below 2^53 (see Limit.Tick): 1 ms for
+// every limit with 3 * (requests + 1) * window-in-ms <= 2^53, such as
+// 1,000,000 per 30 days, and coarser only beyond (1e9 per hour has ticks
+// of 2 ms, 1e12 per 366 days ticks of about three hours). A window holds
+// W = window / R ticks. All arithmetic is on exact integers, with no
 // floating point, so that the Redis Lua script (whose numbers are doubles)
-// and this package give identical answers as long as every product stays
-// below 2^53. Limit.Validate enforces that bound.
+// and this package give identical answers.
+//
+// # The estimate
+//
+// At an instant that lies in tick e of the current window (e = 0 .. W-1),
+// the number of requests counted against the sliding window is estimated
+// as
+//
+//	estimate = prev * (W - 1 - e) / W + curr
+//
+// A request of cost c is allowed when estimate + c <= limit; only an
+// allowed request is counted. Weighting the previous window by the ticks
+// still to come after the current one (W - 1 - e rather than W - e) means
+// that the tick a request falls in counts as passed: a client that keeps
+// pushing at a steady rate gets the whole limit in every window, the last
+// unit in the window's last tick, rather than one less.
+//
+// The counts used by the estimate are capped at limit + 1: a count above
+// the limit denies every request whatever its value, and the cap keeps the
+// arithmetic exact when a counter filled under a larger limit (a plan that
+// changed) is read under a smaller one.
 package window
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// MaxProduct is the largest value of Requests * Window-in-milliseconds that
-// a Limit may have. It keeps every intermediate value of the algorithm
-// exactly representable in an IEEE-754 double, which is what Redis Lua uses.
-const MaxProduct = 1 << 50
+const (
+	// MaxRequests is the largest Requests a Limit may have: 2^50, about
+	// 1.1e15.
+	MaxRequests = 1 << 50
+	// MaxWindow is the longest Window a Limit may have: 3660 days.
+	MaxWindow = 3660 * 24 * time.Hour
+	// exact is the bound every intermediate value of the arithmetic stays
+	// within: 2^53, the range of integers a double holds exactly.
+	exact = 1 << 53
+)
 
 // Limit is a number of requests allowed per window.
 type Limit struct {
-	// Requests is how many requests (cost units) the window admits.
+	// Requests is how many requests (cost units) the window admits,
+	// 1 to MaxRequests.
 	Requests int
-	// Window is the length of the window. It must be a whole number of
-	// milliseconds.
+	// Window is the length of the window: a whole number of milliseconds,
+	// 1 ms to MaxWindow.
 	Window time.Duration
 }
 
@@ -47,14 +85,67 @@ func (l Limit) Validate() error {
 	switch {
 	case l.Requests <= 0:
 		return fmt.Errorf("limit %s: requests must be > 0", l)
+	case l.Requests > MaxRequests:
+		return fmt.Errorf("limit %s: requests must be at most 2^50 (%d)", l, MaxRequests)
 	case l.Window <= 0:
 		return fmt.Errorf("limit %s: window must be > 0", l)
 	case l.Window%time.Millisecond != 0:
 		return fmt.Errorf("limit %s: window must be a whole number of milliseconds", l)
-	case int64(l.Requests) > MaxProduct/l.Window.Milliseconds():
-		return fmt.Errorf("limit %s: requests * window (in ms) must not exceed 2^50", l)
+	case l.Window > MaxWindow:
+		return fmt.Errorf("limit %s: window must be at most %s (3660 days)", l, MaxWindow)
 	}
 	return nil
+}
+
+// Tick returns the length of the limit's ticks in milliseconds: the
+// smallest divisor R of the window (in ms) such that
+// 3 * (Requests + 1) * (window / R) <= 2^53. It is 1 for every limit whose
+// 3 * (Requests + 1) * window-in-ms is at most 2^53. l must be valid.
+func (l Limit) Tick() int64 {
+	w, n := l.Window.Milliseconds(), int64(l.Requests)+1
+	maxTicks := exact / (3 * n) // W may be at most this
+	if w <= maxTicks {
+		return 1
+	}
+	key := [2]int64{n, w}
+	if r, ok := ticks.Load(key); ok {
+		return r.(int64)
+	}
+	r := smallestDivisorAtLeast(w, (w+maxTicks-1)/maxTicks)
+	if tickCount.Add(1) <= maxCachedTicks {
+		ticks.Store(key, r)
+	}
+	return r
+}
+
+// Ticks of limits that need more than 1 ms, cached: finding one costs a
+// factorisation of the window. The cache holds at most maxCachedTicks
+// entries; limits come from configuration, so it rarely holds more than a
+// handful.
+var (
+	ticks     sync.Map
+	tickCount atomic.Int64
+)
+
+const maxCachedTicks = 4096
+
+// smallestDivisorAtLeast returns the smallest divisor of w that is >= min.
+// w is at most MaxWindow in ms (about 3.2e11), so trial division up to its
+// square root takes well under a millisecond.
+func smallestDivisorAtLeast(w, min int64) int64 {
+	best := w
+	for d := int64(1); d*d <= w; d++ {
+		if w%d != 0 {
+			continue
+		}
+		if d >= min && d < best {
+			best = d
+		}
+		if q := w / d; q >= min && q < best {
+			best = q
+		}
+	}
+	return best
 }
 
 // Charge asks a store to count Cost against Limit for the counter named by
@@ -89,8 +180,14 @@ type Decision struct {
 	ResetAfter time.Duration
 	// RetryAfter is how long until a request of the same cost would be
 	// admitted by this limit, if no further request arrives. It is zero
-	// when Allowed is true.
+	// when Allowed is true, and -1ns when the cost exceeds the limit.
 	RetryAfter time.Duration
+	// NextAfter is how long until more quota is made available, if no
+	// further request arrives: on an allowed request, until Remaining next
+	// grows (zero when the limit is whole); on a denied one, until a
+	// request of cost 1 would be admitted (zero if one would be now). It
+	// is the t parameter of the RateLimit field.
+	NextAfter time.Duration
 }
 
 // State is a counter: the start of its current window in Unix milliseconds
@@ -102,121 +199,197 @@ type State struct {
 }
 
 // Roll moves s to the window that contains now (Unix milliseconds) for
-// windows of w milliseconds. An instant earlier than s's window (a clock that
-// went backwards) is treated as the start of s's window, so a counter never
-// loses counts to clock skew.
+// windows of w milliseconds anchored at s.Start, and returns it with the
+// instant to decide at. A counter that is empty, or becomes empty by
+// rolling, starts afresh at now. An instant earlier than s's window (a
+// clock that went backwards) is decided at the start of s's window, so a
+// counter never loses counts to clock skew.
 func Roll(s State, now, w int64) (State, int64) {
-	start := now - floorMod(now, w)
-	switch {
-	case start == s.Start:
-		return s, now
-	case start < s.Start:
+	if s.Prev == 0 && s.Curr == 0 {
+		return State{Start: now}, now
+	}
+	if now < s.Start {
 		return s, s.Start
-	case start == s.Start+w:
-		return State{Start: start, Prev: s.Curr}, now
+	}
+	switch k := (now - s.Start) / w; k {
+	case 0:
+		return s, now
+	case 1:
+		s = State{Start: s.Start + w, Prev: s.Curr}
 	default:
-		return State{Start: start}, now
+		s = State{}
 	}
+	if s.Prev == 0 && s.Curr == 0 {
+		return State{Start: now}, now
+	}
+	return s, now
 }
 
-// Fits reports whether a request of cost c fits limit under state s at now
-// (Unix milliseconds). s must already be rolled to now.
-func Fits(s State, now int64, limit, w, c int64) bool {
-	if c > limit {
-		return false // also keeps (s.Curr+c)*w from overflowing
-	}
-	elapsed := now - s.Start
-	return s.Prev*(w-elapsed)+(s.Curr+c)*w <= limit*w
+// params are a limit in the units of the arithmetic.
+type params struct {
+	limit int64 // requests
+	r     int64 // tick, in ms
+	w     int64 // window, in ticks
 }
 
-// Describe computes the Decision for state s at now (Unix milliseconds). s
-// must already be rolled to now and, if the request was admitted, already
-// charged. allowed is whether this limit admits the request and c the
-// request's cost, used for RetryAfter when allowed is false.
-func Describe(s State, now int64, limit, w, c int64, allowed bool) Decision {
-	elapsed := now - s.Start
-	used := s.Prev*(w-elapsed) + s.Curr*w // estimate * w
+func paramsOf(l Limit) params {
+	r := l.Tick()
+	return params{limit: int64(l.Requests), r: r, w: l.Window.Milliseconds() / r}
+}
+
+// pos is where an instant lies in a rolled state: e whole ticks and sub ms
+// into the current window, with the counts capped at limit + 1.
+type pos struct {
+	e, sub, prev, curr int64
+}
+
+func (p params) pos(s State, at int64) pos {
+	off := at - s.Start
+	return pos{e: off / p.r, sub: off % p.r, prev: min(s.Prev, p.limit+1), curr: min(s.Curr, p.limit+1)}
+}
+
+// fits reports whether cost c fits at x.
+func (p params) fits(x pos, c int64) bool {
+	if c > p.limit {
+		return false // also keeps (curr+c)*w exact
+	}
+	return x.prev*(p.w-1-x.e)+(x.curr+c)*p.w <= p.limit*p.w
+}
+
+// Fits reports whether a request of cost c fits l under state s at at
+// (Unix milliseconds). s must already be rolled, and at be the instant Roll
+// returned.
+func Fits(s State, at int64, l Limit, c int64) bool {
+	p := paramsOf(l)
+	return p.fits(p.pos(s, at), c)
+}
+
+// Describe computes the Decision for state s at at (Unix milliseconds). s
+// must already be rolled (at being the instant Roll returned) and, if the
+// request was admitted, already charged. allowed is whether this limit
+// admits the request and c the request's cost, used for RetryAfter when
+// allowed is false.
+func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
+	p := paramsOf(l)
+	return p.describe(p.pos(s, at), c, allowed)
+}
+
+func (p params) describe(x pos, c int64, allowed bool) Decision {
+	free := p.limit*p.w - (x.prev*(p.w-1-x.e) + x.curr*p.w)
 	d := Decision{Allowed: allowed}
-	if free := limit*w - used; free > 0 {
-		d.Remaining = int(free / w)
+	if free > 0 {
+		d.Remaining = int(free / p.w)
 	}
 	switch {
-	case s.Curr > 0:
-		d.ResetAfter = ms(2*w - elapsed)
-	case s.Prev > 0:
-		d.ResetAfter = ms(w - elapsed)
+	case x.curr > 0:
+		d.ResetAfter = p.ms(x, 2*p.w-1-x.e)
+	case x.prev > 0:
+		d.ResetAfter = p.ms(x, p.w-1-x.e)
 	}
-	if !allowed {
-		d.RetryAfter = ms(retryAfter(s, elapsed, limit, w, c))
+	if allowed {
+		d.NextAfter = p.ms(x, p.grow(x, int64(d.Remaining), free))
+	} else {
+		d.RetryAfter = p.ms(x, p.retry(x, c))
+		d.NextAfter = p.ms(x, p.retry(x, 1))
 	}
 	return d
 }
 
-// retryAfter is the smallest delay d in milliseconds after which a request
-// of cost c fits, assuming no other request arrives.
-func retryAfter(s State, elapsed, limit, w, c int64) int64 {
-	if c > limit {
+// ms converts a delay of d ticks from x to milliseconds: to the start of
+// the tick d ticks on. -1 (never) gives -1ns.
+func (p params) ms(x pos, d int64) time.Duration {
+	switch {
+	case d < 0:
+		return -1
+	case d == 0:
+		return 0
+	}
+	return time.Duration(d*p.r-x.sub) * time.Millisecond
+}
+
+// retry is the smallest delay in ticks after which cost c fits, assuming
+// no other request arrives; -1 if it never does.
+func (p params) retry(x pos, c int64) int64 {
+	if c > p.limit {
 		return -1
 	}
-	// Within the current window: prev*(w-elapsed-d) + (curr+c)*w <= limit*w.
-	if a := limit - s.Curr - c; a >= 0 {
-		if s.Prev == 0 {
+	// Within the current window, d ticks on:
+	// prev*(w-1-e-d) + (curr+c)*w <= limit*w.
+	if a := p.limit - x.curr - c; a >= 0 {
+		if x.prev == 0 {
 			return 0
 		}
-		return max(0, w-elapsed-a*w/s.Prev)
+		return max(0, p.w-1-x.e-a*p.w/x.prev)
 	}
-	// In the next window, x into it: curr*(w-x) + c*w <= limit*w.
-	x := w - (limit-c)*w/s.Curr
-	return w - elapsed + x
+	// In the next window, y ticks in (curr > limit-c >= 0):
+	// curr*(w-1-y) + c*w <= limit*w.
+	y := max(0, p.w-1-(p.limit-c)*p.w/x.curr)
+	return p.w - x.e + y
+}
+
+// grow is the delay in ticks until Remaining exceeds rem, given the free
+// capacity (in units of 1/w) at x; 0 when the limit is already whole.
+func (p params) grow(x pos, rem, free int64) int64 {
+	if rem >= p.limit {
+		return 0
+	}
+	need := (rem+1)*p.w - free
+	// Within the current window free grows by prev per tick.
+	if x.prev > 0 {
+		if d := (need + x.prev - 1) / x.prev; x.e+d <= p.w-1 {
+			return d
+		}
+	}
+	// In the next window, y ticks in, prev becomes curr and curr 0:
+	// curr*(w-1-y) <= (limit-rem-1)*w.
+	y := int64(0)
+	if x.curr > 0 {
+		y = max(0, p.w-1-(p.limit-rem-1)*p.w/x.curr)
+	}
+	return p.w - x.e + y
 }
 
 // Take applies charges to states at now, all or nothing: it rolls every
 // state, and only if every charge fits does it add each charge's cost. It
 // writes one Decision per charge into out and reports whether the request
-// was admitted. states, charges and out must have the same length. A charge
-// whose cost exceeds its limit is never admitted and its RetryAfter is -1ns.
+// was admitted. states, charges and out must have the same length, and the
+// limits be valid. A charge whose cost exceeds its limit is never admitted
+// and its RetryAfter is -1ns.
 func Take(states []State, now int64, charges []Charge, out []Decision) bool {
+	var atBuf [8]int64
+	at := atBuf[:0]
+	if len(charges) > len(atBuf) {
+		at = make([]int64, 0, len(charges))
+	}
 	all := true
 	for i := range charges {
-		w := charges[i].Limit.Window.Milliseconds()
-		var at int64
-		states[i], at = Roll(states[i], now, w)
-		ok := Fits(states[i], at, int64(charges[i].Limit.Requests), w, int64(charges[i].Cost))
+		c := &charges[i]
+		var t int64
+		states[i], t = Roll(states[i], now, c.Limit.Window.Milliseconds())
+		at = append(at, t)
+		ok := Fits(states[i], t, c.Limit, int64(c.Cost))
 		out[i].Allowed = ok
 		all = all && ok
 	}
 	for i := range charges {
 		c := &charges[i]
-		w := c.Limit.Window.Milliseconds()
-		at := max(now, states[i].Start)
 		if all {
 			states[i].Curr += int64(c.Cost)
 		}
-		out[i] = Describe(states[i], at, int64(c.Limit.Requests), w, int64(c.Cost), out[i].Allowed)
+		out[i] = Describe(states[i], at[i], c.Limit, int64(c.Cost), out[i].Allowed)
 	}
 	return all
 }
 
 // Expiry is how long after its last update a counter with windows of w can
-// still influence a decision: the rest of its window plus the next one. now
-// is the instant of the update in Unix milliseconds.
+// still influence a decision: the rest of its window plus the next one.
+// start is the start of the counter's current window and now the instant
+// of the update, both in Unix milliseconds.
 func Expiry(start, now, w int64) time.Duration {
-	return ms(start + 2*w - now)
-}
-
-func ms(v int64) time.Duration {
-	if v < 0 {
-		return -1
+	if d := start + 2*w - now; d > 0 {
+		return time.Duration(d) * time.Millisecond
 	}
-	return time.Duration(v) * time.Millisecond
-}
-
-func floorMod(a, b int64) int64 {
-	m := a % b
-	if m < 0 {
-		m += b
-	}
-	return m
+	return -1
 }
 
 // Millis converts t to Unix milliseconds.

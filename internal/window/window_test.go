@@ -1,13 +1,15 @@
 package window
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
 
 const (
 	sec = int64(1000)
-	min = 60 * sec
+	minute = 60 * sec
+	day = 24 * time.Hour
 )
 
 func TestLimitValidate(t *testing.T) {
@@ -17,11 +19,16 @@ func TestLimitValidate(t *testing.T) {
 		want string
 	}{
 		{Limit{100, time.Minute}, ""},
+		{Limit{1_000_000, 30 * day}, ""},
+		{Limit{1e12, 366 * day}, ""},
+		{Limit{MaxRequests, time.Millisecond}, ""},
+		{Limit{MaxRequests, MaxWindow}, ""},
 		{Limit{0, time.Minute}, "limit 0/1m0s: requests must be > 0"},
 		{Limit{-1, time.Minute}, "limit -1/1m0s: requests must be > 0"},
+		{Limit{MaxRequests + 1, time.Minute}, "limit 1125899906842625/1m0s: requests must be at most 2^50 (1125899906842624)"},
 		{Limit{1, 0}, "limit 1/0s: window must be > 0"},
 		{Limit{1, 1500 * time.Microsecond}, "limit 1/1.5ms: window must be a whole number of milliseconds"},
-		{Limit{1 << 30, 24 * time.Hour}, "limit 1073741824/24h0m0s: requests * window (in ms) must not exceed 2^50"},
+		{Limit{1, MaxWindow + time.Millisecond}, "limit 1/87840h0m0.001s: window must be at most 87840h0m0s (3660 days)"},
 	}
 	for _, tt := range tests {
 		err := tt.l.Validate()
@@ -35,8 +42,73 @@ func TestLimitValidate(t *testing.T) {
 	}
 }
 
+// exactTicks reports whether r is a valid tick for l: it divides the
+// window and keeps 3*(limit+1)*ticks within 2^53.
+func exactTicks(l Limit, r int64) bool {
+	w := l.Window.Milliseconds()
+	if w%r != 0 {
+		return false
+	}
+	n, ticks := int64(l.Requests)+1, w/r
+	return ticks <= exact/(3*n)
+}
+
+func TestTick(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		l    Limit
+		want int64
+	}{
+		{Limit{100, time.Minute}, 1},
+		{Limit{1_000_000, 30 * day}, 1},
+		{Limit{1e9, time.Hour}, 2},
+		{Limit{1e12, time.Millisecond}, 1},
+		{Limit{1e12, time.Hour}, 1200},
+		{Limit{MaxRequests, 1000 * time.Millisecond}, 500},
+		// 366 days = 2^11 * 3^4 * 5^5 * 61 ms; the bound asks for at
+		// least 10,533,802 ms per tick.
+		{Limit{1e12, 366 * day}, 10_540_800},
+		// A prime number of ms has only itself: one tick per window.
+		{Limit{1e12, 1_000_003 * time.Millisecond}, 1_000_003},
+	}
+	for _, tt := range tests {
+		got := tt.l.Tick()
+		if got != tt.want {
+			t.Errorf("%v.Tick() = %d, want %d", tt.l, got, tt.want)
+		}
+		if !exactTicks(tt.l, got) {
+			t.Errorf("%v.Tick() = %d breaks the bound", tt.l, got)
+		}
+	}
+}
+
+// TestTickIsSmallest checks Tick against a brute-force search.
+func TestTickIsSmallest(t *testing.T) {
+	t.Parallel()
+	for _, l := range []Limit{
+		{MaxRequests, 997 * time.Millisecond},
+		{MaxRequests / 3, 3600 * time.Millisecond},
+		{1 << 40, 12345 * time.Millisecond},
+		{1 << 42, 65536 * time.Millisecond},
+		{1 << 45, 99991 * time.Millisecond},
+	} {
+		got := l.Tick()
+		want := int64(0)
+		for r := int64(1); ; r++ {
+			if exactTicks(l, r) {
+				want = r
+				break
+			}
+		}
+		if got != want {
+			t.Errorf("%v.Tick() = %d, want %d", l, got, want)
+		}
+	}
+}
+
 func TestRoll(t *testing.T) {
 	t.Parallel()
+	const w = minute
 	tests := []struct {
 		name   string
 		s      State
@@ -44,58 +116,66 @@ func TestRoll(t *testing.T) {
 		want   State
 		wantAt int64
 	}{
-		{"same window", State{Start: min, Prev: 3, Curr: 4}, min + 5*sec, State{Start: min, Prev: 3, Curr: 4}, min + 5*sec},
-		{"next window", State{Start: min, Prev: 3, Curr: 4}, 2*min + 1, State{Start: 2 * min, Prev: 4}, 2*min + 1},
-		{"two windows later", State{Start: min, Prev: 3, Curr: 4}, 3 * min, State{Start: 3 * min}, 3 * min},
-		{"empty", State{}, 5*min + 7, State{Start: 5 * min}, 5*min + 7},
-		{"clock backwards", State{Start: 2 * min, Curr: 4}, min + 30*sec, State{Start: 2 * min, Curr: 4}, 2 * min},
+		{"same window", State{Start: 7, Prev: 3, Curr: 4}, 7 + 5*sec, State{Start: 7, Prev: 3, Curr: 4}, 7 + 5*sec},
+		{"last ms of the window", State{Start: 7, Curr: 4}, 7 + w - 1, State{Start: 7, Curr: 4}, 7 + w - 1},
+		{"next window", State{Start: 7, Prev: 3, Curr: 4}, 7 + w, State{Start: 7 + w, Prev: 4}, 7 + w},
+		{"next window, later", State{Start: 7, Prev: 3, Curr: 4}, 7 + w + 59*sec, State{Start: 7 + w, Prev: 4}, 7 + w + 59*sec},
+		{"next window, empty again: afresh", State{Start: 7, Prev: 3}, 7 + w + 10, State{Start: 7 + w + 10}, 7 + w + 10},
+		{"two windows later: afresh", State{Start: 7, Prev: 3, Curr: 4}, 7 + 2*w + 5, State{Start: 7 + 2*w + 5}, 7 + 2*w + 5},
+		{"new counter: anchored at now", State{}, 5*minute + 7, State{Start: 5*minute + 7}, 5*minute + 7},
+		{"clock backwards", State{Start: 2 * minute, Curr: 4}, minute + 30*sec, State{Start: 2 * minute, Curr: 4}, 2 * minute},
 	}
 	for _, tt := range tests {
-		got, at := Roll(tt.s, tt.now, min)
+		got, at := Roll(tt.s, tt.now, w)
 		if got != tt.want || at != tt.wantAt {
 			t.Errorf("%s: Roll(%+v, %d) = %+v, %d; want %+v, %d", tt.name, tt.s, tt.now, got, at, tt.want, tt.wantAt)
 		}
 	}
 }
 
-// TestWorkedExample is the example of the design: 100/min, 80 requests in
+// TestWorkedExample is the example of the design: 100/minute, 80 requests in
 // the previous window, 40 in the current, 30 s in: the estimate is
-// 80*0.5+40 = 80.
+// 80*29999/60000 + 40, just under 80.
 func TestWorkedExample(t *testing.T) {
 	t.Parallel()
 	l := Limit{100, time.Minute}
-	now := 10*min + 30*sec
-	states := []State{{Start: 10 * min, Prev: 80, Curr: 40}}
+	now := 10*minute + 30*sec
+	states := []State{{Start: 10 * minute, Prev: 80, Curr: 40}}
 	out := make([]Decision, 1)
-	if !Take(states, now, []Charge{{Key: "k", Limit: l, Cost: 1}}, out) {
+	charge := []Charge{{Key: "k", Limit: l, Cost: 1}}
+	if !Take(states, now, charge, out) {
 		t.Fatal("request at estimate 80 denied")
 	}
-	want := Decision{Allowed: true, Remaining: 19, ResetAfter: 90 * time.Second}
+	// free = 6,000,000 - 80*29999 - 41*60000 = 1,140,080: 19 left, and the
+	// 20th comes when free reaches 1,200,000, 59,920/80 = 749 ticks later.
+	want := Decision{Allowed: true, Remaining: 19, ResetAfter: 89999 * time.Millisecond, NextAfter: 749 * time.Millisecond}
 	if out[0] != want {
 		t.Errorf("decision = %+v, want %+v", out[0], want)
 	}
 	if states[0].Curr != 41 {
 		t.Errorf("curr = %d, want 41", states[0].Curr)
 	}
-	// 19 more fit (estimate 81+19 = 100), the next does not.
 	for i := 0; i < 19; i++ {
-		if !Take(states, now, []Charge{{Key: "k", Limit: l, Cost: 1}}, out) {
+		if !Take(states, now, charge, out) {
 			t.Fatalf("request %d denied at remaining %d", i, out[0].Remaining)
 		}
 	}
 	if out[0].Remaining != 0 || states[0].Curr != 60 {
 		t.Fatalf("after filling: remaining %d curr %d, want 0 and 60", out[0].Remaining, states[0].Curr)
 	}
-	if Take(states, now, []Charge{{Key: "k", Limit: l, Cost: 1}}, out) {
+	if Take(states, now, charge, out) {
 		t.Fatal("request over the limit admitted")
 	}
-	// Denied: not charged; retry when 80*(30-d)/60 + 61 <= 100, i.e.
-	// d >= 30 - 29.25 = 0.75 s.
-	want = Decision{Remaining: 0, ResetAfter: 90 * time.Second, RetryAfter: 750 * time.Millisecond}
+	// Denied: not charged; retry when 80*(29999-d)/60000 + 61 <= 100, i.e.
+	// d >= 29999 - 29250 = 749 ticks.
+	want = Decision{Remaining: 0, ResetAfter: 89999 * time.Millisecond, RetryAfter: 749 * time.Millisecond, NextAfter: 749 * time.Millisecond}
 	if out[0] != want || states[0].Curr != 60 {
 		t.Errorf("denied decision = %+v curr %d, want %+v curr 60", out[0], states[0].Curr, want)
 	}
-	if !Take(states, now+750, []Charge{{Key: "k", Limit: l, Cost: 1}}, out) {
+	if Take(states, now+748, charge, out) {
+		t.Error("request a ms before RetryAfter admitted")
+	}
+	if !Take(states, now+749, charge, out) {
 		t.Error("request at now+RetryAfter denied")
 	}
 }
@@ -103,6 +183,7 @@ func TestWorkedExample(t *testing.T) {
 func TestTakeTable(t *testing.T) {
 	t.Parallel()
 	l := Limit{10, time.Second}
+	const s0 = 5*sec + 250
 	tests := []struct {
 		name      string
 		s         State
@@ -112,30 +193,52 @@ func TestTakeTable(t *testing.T) {
 		want      Decision
 		wantState State
 	}{
-		{"empty", State{}, 5*sec + 250, 1, true,
-			Decision{Allowed: true, Remaining: 9, ResetAfter: 1750 * time.Millisecond},
-			State{Start: 5 * sec, Curr: 1}},
-		{"cost 10 fills", State{}, 5 * sec, 10, true,
-			Decision{Allowed: true, Remaining: 0, ResetAfter: 2 * time.Second},
-			State{Start: 5 * sec, Curr: 10}},
-		{"cost 11 never fits", State{}, 5 * sec, 11, false,
+		{"new counter", State{}, s0, 1, true,
+			// The 10th unit comes back when the request stops weighing,
+			// in the last tick of the next window.
+			Decision{Allowed: true, Remaining: 9, ResetAfter: 1999 * time.Millisecond, NextAfter: 1999 * time.Millisecond},
+			State{Start: s0, Curr: 1}},
+		{"cost 10 fills", State{}, s0, 10, true,
+			// NextAfter: the next window, y in: 10*(999-y) <= 9000 -> y = 99.
+			Decision{Allowed: true, Remaining: 0, ResetAfter: 1999 * time.Millisecond, NextAfter: 1099 * time.Millisecond},
+			State{Start: s0, Curr: 10}},
+		{"cost 11 never fits", State{}, s0, 11, false,
 			Decision{Remaining: 10, RetryAfter: -1},
-			State{Start: 5 * sec}},
-		{"full, wait for next window", State{Start: 5 * sec, Curr: 10}, 5*sec + 400, 1, false,
-			// next window x in: 10*(1000-x)/1000 + 1 <= 10 -> x >= 100
-			Decision{Remaining: 0, ResetAfter: 1600 * time.Millisecond, RetryAfter: 700 * time.Millisecond},
-			State{Start: 5 * sec, Curr: 10}},
-		{"previous decays", State{Start: 4 * sec, Curr: 10}, 5*sec + 500, 1, true,
-			// 10*0.5 + 1 = 6 -> 4 left
-			Decision{Allowed: true, Remaining: 4, ResetAfter: 1500 * time.Millisecond},
-			State{Start: 5 * sec, Prev: 10, Curr: 1}},
-		{"only previous, denied", State{Start: 5 * sec, Prev: 10, Curr: 5}, 5*sec + 200, 1, false,
-			// 10*(800-d)/1000 + 6 <= 10 -> 800-d <= 400 -> d = 400
-			Decision{Remaining: 0, ResetAfter: 1800 * time.Millisecond, RetryAfter: 400 * time.Millisecond},
-			State{Start: 5 * sec, Prev: 10, Curr: 5}},
-		{"reset after previous only", State{Start: 4 * sec, Curr: 3}, 5*sec + 100, 0, true,
-			Decision{Allowed: true, Remaining: 7, ResetAfter: 900 * time.Millisecond},
-			State{Start: 5 * sec, Prev: 3}},
+			State{Start: s0}},
+		{"full, wait for next window", State{Start: s0, Curr: 10}, s0 + 400, 1, false,
+			// next window y in: 10*(999-y) + 1000 <= 10000 -> y >= 99
+			Decision{Remaining: 0, ResetAfter: 1599 * time.Millisecond, RetryAfter: 699 * time.Millisecond, NextAfter: 699 * time.Millisecond},
+			State{Start: s0, Curr: 10}},
+		{"full, cost 5", State{Start: s0, Curr: 10}, s0 + 400, 5, false,
+			// 10*(999-y) + 5000 <= 10000 -> y >= 499
+			Decision{Remaining: 0, ResetAfter: 1599 * time.Millisecond, RetryAfter: 1099 * time.Millisecond, NextAfter: 699 * time.Millisecond},
+			State{Start: s0, Curr: 10}},
+		{"previous decays", State{Start: s0 - sec, Curr: 10}, s0 + 500, 1, true,
+			// 10*499/1000 + 1 = 5.99 -> 4 left; the 5th when
+			// 10*(499-d) <= 4000: d = 99.
+			Decision{Allowed: true, Remaining: 4, ResetAfter: 1499 * time.Millisecond, NextAfter: 99 * time.Millisecond},
+			State{Start: s0, Prev: 10, Curr: 1}},
+		{"only previous, denied", State{Start: s0, Prev: 10, Curr: 5}, s0 + 200, 1, false,
+			// 10*(799-d) + 6000 <= 10000 -> d = 399
+			Decision{Remaining: 0, ResetAfter: 1799 * time.Millisecond, RetryAfter: 399 * time.Millisecond, NextAfter: 399 * time.Millisecond},
+			State{Start: s0, Prev: 10, Curr: 5}},
+		{"denied cost 5 but one unit fits", State{Start: s0, Prev: 10, Curr: 2}, s0 + 500, 5, false,
+			// 10*499 + 7000 > 10000; 10*499 + 3000 <= 10000, 3 left;
+			// 10*(499-d) <= 3000 -> d = 199
+			Decision{Remaining: 3, ResetAfter: 1499 * time.Millisecond, RetryAfter: 199 * time.Millisecond},
+			State{Start: s0, Prev: 10, Curr: 2}},
+		{"read of a previous-only counter", State{Start: s0 - sec, Curr: 3}, s0 + 100, 0, true,
+			// free 10000 - 3*899 = 7303; 8000 after ceil(697/3) = 233
+			Decision{Allowed: true, Remaining: 7, ResetAfter: 899 * time.Millisecond, NextAfter: 233 * time.Millisecond},
+			State{Start: s0, Prev: 3}},
+		{"read of a new counter", State{}, s0, 0, true,
+			Decision{Allowed: true, Remaining: 10},
+			State{Start: s0}},
+		{"count above the limit (plan changed)", State{Start: s0, Prev: 1e9, Curr: 1e9}, s0 + 10, 1, false,
+			// capped at 11: next window y in: 11*(999-y) + 1000 <= 10000
+			// -> y >= 181
+			Decision{Remaining: 0, ResetAfter: 1989 * time.Millisecond, RetryAfter: 1171 * time.Millisecond, NextAfter: 1171 * time.Millisecond},
+			State{Start: s0, Prev: 1e9, Curr: 1e9}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,9 +260,9 @@ func TestTakeAllOrNothing(t *testing.T) {
 	states := make([]State, 2)
 	out := make([]Decision, 2)
 	admitted := 0
-	// 10 per second, evenly spaced, for 3 seconds: the second second
-	// admits 9 (the first sees the whole previous window) but the minute
-	// limit stops it at 15.
+	// 10 per second, evenly spaced from the first request, for 3 seconds:
+	// the first second admits 10, the second 5 before the minute limit
+	// stops it at 15.
 	for s := int64(0); s < 3; s++ {
 		for i := int64(0); i < 10; i++ {
 			if Take(states, s*sec+i*100, charges, out) {
@@ -180,51 +283,260 @@ func TestTakeAllOrNothing(t *testing.T) {
 	}
 }
 
+// limitsUnderTest span small and large limits, and ticks of 1 ms and more.
+var limitsUnderTest = []Limit{
+	{1, 10 * time.Millisecond},
+	{7, 300 * time.Millisecond},
+	{10, time.Second},
+	{100, time.Second},
+	{2000, time.Second}, // more than one request per tick
+	{5, 2 * time.Second},
+	{MaxRequests / 4, 3600 * time.Millisecond}, // ticks of 12 ms
+}
+
 // TestRetryAfterIsExact checks, for many states, that a request fits at
-// now+RetryAfter and not a millisecond earlier.
+// at+RetryAfter and not a millisecond earlier, and that NextAfter is
+// RetryAfter of a one-unit request.
 func TestRetryAfterIsExact(t *testing.T) {
 	t.Parallel()
-	l := Limit{7, 300 * time.Millisecond}
-	w := int64(300)
-	for prev := int64(0); prev <= 9; prev++ {
-		for curr := int64(0); curr <= 9; curr++ {
-			for e := int64(0); e < w; e += 13 {
-				for cost := 1; cost <= 7; cost++ {
-					s := State{Start: 0, Prev: prev, Curr: curr}
-					if Fits(s, e, 7, w, int64(cost)) {
-						continue
-					}
-					d := Describe(s, e, 7, w, int64(cost), false)
-					wait := d.RetryAfter.Milliseconds()
-					at := func(t int64) bool {
-						r, now := Roll(s, t, w)
-						return Fits(r, now, 7, w, int64(cost))
-					}
-					if !at(e + wait) {
-						t.Fatalf("%+v e=%d cost=%d: not admitted at RetryAfter %d", s, e, cost, wait)
-					}
-					if wait > 0 && at(e+wait-1) {
-						t.Fatalf("%+v e=%d cost=%d: admitted before RetryAfter %d", s, e, cost, wait)
+	for _, l := range limitsUnderTest {
+		w, n := l.Window.Milliseconds(), int64(l.Requests)
+		counts := []int64{0, 1, n / 3, n/2 + 1, n - 1, n, n + 1, n + 5}
+		costs := []int64{1, 2, n / 2, n}
+		for _, prev := range counts {
+			for _, curr := range counts {
+				for e := int64(0); e < w; e += max(1, w/37) {
+					for _, cost := range costs {
+						s := State{Start: 1000, Prev: prev, Curr: curr}
+						if cost < 1 || cost > n {
+							if cost > n && Describe(s, s.Start+e, l, cost, false).RetryAfter != -1 {
+								t.Fatalf("%v: cost %d over the limit has a RetryAfter", l, cost)
+							}
+							continue
+						}
+						if s.Prev == 0 && s.Curr == 0 {
+							continue // Roll anchors it afresh
+						}
+						at := s.Start + e
+						fitsAt := func(t int64) bool {
+							r, now := Roll(s, t, w)
+							return Fits(r, now, l, cost)
+						}
+						if fitsAt(at) {
+							continue
+						}
+						d := Describe(s, at, l, cost, false)
+						wait := d.RetryAfter.Milliseconds()
+						if !fitsAt(at + wait) {
+							t.Fatalf("%v %+v e=%d cost=%d: not admitted at RetryAfter %d", l, s, e, cost, wait)
+						}
+						if wait > 0 && fitsAt(at+wait-1) {
+							t.Fatalf("%v %+v e=%d cost=%d: admitted before RetryAfter %d", l, s, e, cost, wait)
+						}
+						one := Describe(s, at, l, 1, false).RetryAfter
+						if fitsAt1 := Fits(s, at, l, 1); fitsAt1 && d.NextAfter != 0 || !fitsAt1 && d.NextAfter != one {
+							t.Fatalf("%v %+v e=%d cost=%d: NextAfter %v, want RetryAfter of one unit %v", l, s, e, cost, d.NextAfter, one)
+						}
 					}
 				}
 			}
 		}
 	}
-	_ = l
+}
+
+// TestNextAfterIsExact checks, for many allowed states, that Remaining
+// grows at at+NextAfter and not a millisecond earlier.
+func TestNextAfterIsExact(t *testing.T) {
+	t.Parallel()
+	for _, l := range limitsUnderTest {
+		w, n := l.Window.Milliseconds(), int64(l.Requests)
+		counts := []int64{0, 1, n / 3, n - 1, n}
+		for _, prev := range counts {
+			for _, curr := range counts {
+				if prev == 0 && curr == 0 {
+					continue
+				}
+				for e := int64(0); e < w; e += max(1, w/41) {
+					s := State{Start: 5000, Prev: prev, Curr: curr}
+					at := s.Start + e
+					remAt := func(t int64) int {
+						r, now := Roll(s, t, w)
+						return Describe(r, now, l, 0, true).Remaining
+					}
+					d := Describe(s, at, l, 0, true)
+					if d.Remaining >= l.Requests {
+						if d.NextAfter != 0 {
+							t.Fatalf("%v %+v e=%d: whole limit, NextAfter %v", l, s, e, d.NextAfter)
+						}
+						continue
+					}
+					next := d.NextAfter.Milliseconds()
+					if next <= 0 {
+						t.Fatalf("%v %+v e=%d: NextAfter %v with %d remaining", l, s, e, d.NextAfter, d.Remaining)
+					}
+					if got := remAt(at + next); got <= d.Remaining {
+						t.Fatalf("%v %+v e=%d: remaining %d at NextAfter %d, was %d", l, s, e, got, next, d.Remaining)
+					}
+					if got := remAt(at + next - 1); got > d.Remaining {
+						t.Fatalf("%v %+v e=%d: remaining grew to %d before NextAfter %d", l, s, e, got, next)
+					}
+				}
+			}
+		}
+	}
 }
 
 func TestExpiry(t *testing.T) {
 	t.Parallel()
-	if got := Expiry(min, min+10*sec, min); got != 110*time.Second {
+	if got := Expiry(minute, minute+10*sec, minute); got != 110*time.Second {
 		t.Errorf("Expiry = %v, want 1m50s", got)
+	}
+	if got := Expiry(minute, 3*minute, minute); got > 0 {
+		t.Errorf("Expiry at the end = %v, want <= 0", got)
 	}
 }
 
 func TestHugeCostNeverFits(t *testing.T) {
 	t.Parallel()
+	l := Limit{10, time.Minute}
 	for _, c := range []int64{11, 1 << 50, 1<<63 - 1} {
-		if Fits(State{}, 0, 10, 60000, c) {
+		if Fits(State{Start: 0}, 0, l, c) {
 			t.Errorf("cost %d fits a limit of 10", c)
 		}
+	}
+}
+
+// hammer simulates a client that keeps pushing: at every millisecond from
+// start to end it sends requests of cost 1 until one is denied. It returns
+// the instants of the admitted requests.
+func hammer(l Limit, st *State, start, end int64) []int64 {
+	var admitted []int64
+	states, out := []State{*st}, make([]Decision, 1)
+	charge := []Charge{{Key: "k", Limit: l, Cost: 1}}
+	for now := start; now < end; now++ {
+		for Take(states, now, charge, out) {
+			admitted = append(admitted, now)
+		}
+	}
+	*st = states[0]
+	return admitted
+}
+
+// maxInWindow returns the most instants in any half-open interval of
+// length w.
+func maxInWindow(ts []int64, w int64) int {
+	best, j := 0, 0
+	for i := range ts {
+		for ts[i]-ts[j] >= w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// TestSteadyHammerGetsTheWholeLimit: a client that keeps pushing gets
+// exactly the limit in every window, the first included, and never more
+// than limit + 1 in any interval of one window, whenever it starts.
+func TestSteadyHammerGetsTheWholeLimit(t *testing.T) {
+	t.Parallel()
+	for _, l := range []Limit{
+		{5, 2 * time.Second}, {10, time.Second}, {100, time.Second}, {7, 300 * time.Millisecond},
+		{3000, time.Second}, {1, 50 * time.Millisecond},
+	} {
+		for _, start := range []int64{0, 1, 137, 999_999_999_999} {
+			t.Run(fmt.Sprintf("%v from %d", l, start), func(t *testing.T) {
+				w := l.Window.Milliseconds()
+				var st State
+				ts := hammer(l, &st, start, start+12*w)
+				// Windows are anchored at the first request.
+				for k := int64(0); k < 12; k++ {
+					n := 0
+					for _, x := range ts {
+						if x >= start+k*w && x < start+(k+1)*w {
+							n++
+						}
+					}
+					if n != l.Requests {
+						t.Errorf("window %d admitted %d, want %d", k, n, l.Requests)
+					}
+				}
+				if got := maxInWindow(ts, w); got > l.Requests+1 {
+					t.Errorf("%d admitted in one window's interval, want at most %d", got, l.Requests+1)
+				}
+			})
+		}
+	}
+}
+
+// TestNoColdStartBurst: a client that bursts on a cold counter, then
+// hammers, never gets more than limit + 1 in any interval of one window,
+// and a counter left alone starts afresh.
+func TestNoColdStartBurst(t *testing.T) {
+	t.Parallel()
+	l := Limit{100, time.Second}
+	w := l.Window.Milliseconds()
+	var st State
+	// Any phase of an epoch-aligned window: the anchor follows the client.
+	start := int64(1_700_000_000_731)
+	ts := hammer(l, &st, start, start+5*w)
+	if got := maxInWindow(ts, w); got > l.Requests+1 {
+		t.Fatalf("%d in one window after a cold start, want at most %d", got, l.Requests+1)
+	}
+	// Quiet for two windows, then again.
+	later := start + 7*w + 333
+	ts2 := hammer(l, &st, later, later+3*w)
+	if ts2[0] != later || st.Start < later {
+		t.Fatalf("counter did not start afresh: first admission %d, start %d", ts2[0], st.Start)
+	}
+	if got := maxInWindow(append(ts, ts2...), w); got > l.Requests+1 {
+		t.Fatalf("%d in one window after a restart, want at most %d", got, l.Requests+1)
+	}
+}
+
+// TestExtremes decides at the largest limits and windows: a counter filled
+// in one request, then exact waits.
+func TestExtremes(t *testing.T) {
+	t.Parallel()
+	for _, l := range []Limit{
+		{1e12, 366 * day}, {1e12, time.Millisecond}, {1e12, time.Hour}, {1_000_000, 30 * day},
+		{1e9, time.Hour}, {MaxRequests, MaxWindow}, {1, MaxWindow}, {MaxRequests, time.Millisecond}, {1, time.Millisecond},
+	} {
+		t.Run(l.String(), func(t *testing.T) {
+			t.Parallel()
+			w, n := l.Window.Milliseconds(), int64(l.Requests)
+			now := int64(1_800_000_000_000)
+			states, out := []State{{}}, make([]Decision, 1)
+			take := func(at int64, cost int64) bool {
+				return Take(states, at, []Charge{{Key: "k", Limit: l, Cost: int(cost)}}, out)
+			}
+			if !take(now, n-1) || out[0].Remaining != 1 {
+				t.Fatalf("limit-1 on a new counter: %+v", out[0])
+			}
+			if !take(now, 1) || out[0].Remaining != 0 {
+				t.Fatalf("last unit: %+v", out[0])
+			}
+			if take(now, 1) {
+				t.Fatal("admitted over the limit")
+			}
+			retry := out[0].RetryAfter.Milliseconds()
+			if retry <= 0 || retry > 2*w {
+				t.Fatalf("RetryAfter %d ms for a window of %d ms", retry, w)
+			}
+			if retry > 1 && take(now+retry-1, 1) {
+				t.Fatalf("admitted before RetryAfter %d", retry)
+			}
+			if !take(now+retry, 1) {
+				t.Fatalf("denied at RetryAfter %d: %+v", retry, out[0])
+			}
+			if c := states[0].Prev + states[0].Curr; c < n || c > n+1 {
+				t.Fatalf("counts %+v after limit+1 admissions", states[0])
+			}
+			// Two windows on, the counter starts afresh with the whole
+			// limit.
+			if !take(now+retry+2*w, n) {
+				t.Fatalf("whole limit not available two windows on: %+v", out[0])
+			}
+		})
 	}
 }

@@ -172,9 +172,24 @@ rules.yaml:1: rules: required`,
 			want: "rules.yaml:1: rules[0].limits[0].requests: want an integer, got number 99999999999999999999",
 		},
 		{
-			name: "requests times window too large",
-			in:   "rules: [{name: a, key: ip, limits: [{requests: 1000000000000000, window: 1d}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].requests: 1000000000000000 per 1d is too large: requests * window must not exceed 2^50 ms",
+			name: "requests too large",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1125899906842625, window: 1d}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].requests: 1125899906842625 is too large: requests must not exceed 2^50 (1125899906842624)",
+		},
+		{
+			name: "window too long",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 523w}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].window: 523w is too long: a window must not exceed 3660d",
+		},
+		{
+			name: "weeks not whole",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1.5w}]}]",
+			want: `rules.yaml:1: rules[0].limits[0].window: bad duration "1.5w"`,
+		},
+		{
+			name: "weeks too many",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 99999999999999999999w}]}]",
+			want: `rules.yaml:1: rules[0].limits[0].window: bad duration "99999999999999999999w": too long`,
 		},
 		{
 			name: "requests missing",
@@ -434,8 +449,8 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		},
 		{
 			name: "overage too large for limit",
-			in:   "rules: [{name: a, key: ip, overage: 1, limits: [{requests: 13000, window: 1000d}]}]",
-			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: requests * window must not exceed 2^50 ms",
+			in:   "rules: [{name: a, key: ip, overage: 1, limits: [{requests: 1000000000000000, window: 1000d}]}]",
+			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: requests must not exceed 2^50 (1125899906842624)",
 		},
 		{
 			name: "plans empty",
@@ -1055,5 +1070,38 @@ func TestLoadErrors(t *testing.T) {
 	_, err := config.Load(bad, config.Env{})
 	if want := bad + `:3: rules[0].key: unknown key name "nobody" (want ip, user_id, api_key, header:<Name>, route, method, global, user_or_ip)`; err == nil || err.Error() != want {
 		t.Errorf("bad file: %v\nwant %s", err, want)
+	}
+}
+
+// TestWindowUnits parses every unit a window may use, and the limits of
+// any size a plan may need.
+func TestWindowUnits(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	tests := []struct {
+		requests, window string
+		want             middleware.Limit
+	}{
+		{"100", "500ms", middleware.Limit{Requests: 100, Window: 500 * time.Millisecond}},
+		{"100", "1m", middleware.PerMinute(100)},
+		{"100", "1h30m", middleware.Limit{Requests: 100, Window: 90 * time.Minute}},
+		{"1000", "1d", middleware.Limit{Requests: 1000, Window: day}},
+		{"5000", "1w", middleware.Limit{Requests: 5000, Window: 7 * day}},
+		{"5000", "2w", middleware.Limit{Requests: 5000, Window: 14 * day}},
+		{"1000000", "30d", middleware.Limit{Requests: 1_000_000, Window: 30 * day}},
+		{"1000000000", "1h", middleware.PerHour(1_000_000_000)},
+		{"1000000000000", "366d", middleware.Limit{Requests: 1e12, Window: 366 * day}},
+		{"1", "3660d", middleware.Limit{Requests: 1, Window: 3660 * day}},
+	}
+	for _, tt := range tests {
+		src := "rules: [{name: a, key: ip, limits: [{requests: " + tt.requests + ", window: " + tt.window + "}]}]"
+		cfg, err := config.Parse([]byte(src), "rules.yaml", config.Env{})
+		if err != nil {
+			t.Errorf("%s per %s: %v", tt.requests, tt.window, err)
+			continue
+		}
+		if got := cfg.Rules[0].Limits; len(got) != 1 || got[0] != tt.want {
+			t.Errorf("%s per %s: limits %v, want %v", tt.requests, tt.window, got, tt.want)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/middleware"
 )
 
@@ -265,7 +266,7 @@ func (d *decoder) checkLimits(limits []middleware.Limit, at *yaml.Node, field st
 			eff := l
 			eff.Requests += int(math.Ceil(float64(l.Requests) * overage))
 			if eff.Validate() != nil {
-				d.errorf(overageNode, path+".overage", "%g makes %s[%d] too large: requests * window must not exceed 2^50 ms", overage, field, i)
+				d.errorf(overageNode, path+".overage", "%g makes %s[%d] too large: requests must not exceed 2^50 (%d)", overage, field, i, window.MaxRequests)
 			}
 		}
 	}
@@ -378,8 +379,12 @@ func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
 		if !d.ok(start) {
 			continue
 		}
-		if l.Validate() != nil {
-			d.errorf(reqNode, ipath+".requests", "%d per %s is too large: requests * window must not exceed 2^50 ms", l.Requests, formatDuration(l.Window))
+		if l.Requests > window.MaxRequests {
+			d.errorf(reqNode, ipath+".requests", "%d is too large: requests must not exceed 2^50 (%d)", l.Requests, window.MaxRequests)
+			continue
+		}
+		if l.Window > window.MaxWindow {
+			d.errorf(winNode, ipath+".window", "%s is too long: a window must not exceed 3660d", formatDuration(l.Window))
 			continue
 		}
 		if line, dup := windows[l.Window]; dup {
@@ -571,8 +576,8 @@ func (d *decoder) bool(n *yaml.Node, path string) (bool, bool) {
 	return v, true
 }
 
-// duration decodes a window: a Go duration or a whole number of days,
-// positive and a whole number of milliseconds.
+// duration decodes a window: a Go duration or a whole number of days or
+// weeks, positive and a whole number of milliseconds.
 func (d *decoder) duration(n *yaml.Node, path string) (time.Duration, bool) {
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
 		if n.Kind == yaml.ScalarNode && (n.ShortTag() == "!!int" || n.ShortTag() == "!!float") {
@@ -590,18 +595,20 @@ func (d *decoder) duration(n *yaml.Node, path string) (time.Duration, bool) {
 	return w, true
 }
 
-// maxDays is the most days a time.Duration holds.
-const maxDays = int64(1<<63-1) / int64(24*time.Hour)
+const (
+	day  = 24 * time.Hour
+	week = 7 * day
+)
 
-// parseDuration parses a window.
+// parseDuration parses a window: "3d" and "2w" for whole days and weeks
+// (a Go duration has no unit beyond hours), anything else as a Go duration.
 func parseDuration(s string) (time.Duration, string) {
 	var w time.Duration
-	if days, ok := strings.CutSuffix(s, "d"); ok && days != "" && strings.Trim(days, "0123456789") == "" {
-		n, err := strconv.ParseInt(days, 10, 64)
-		if err != nil || n > maxDays {
+	if n, unit, ok := wholeUnits(s); ok {
+		if n > int64(1<<63-1)/int64(unit) {
 			return 0, fmt.Sprintf("bad duration %q: too long", s)
 		}
-		w = time.Duration(n) * 24 * time.Hour
+		w = time.Duration(n) * unit
 	} else {
 		var err error
 		if w, err = time.ParseDuration(s); err != nil {
@@ -617,10 +624,38 @@ func parseDuration(s string) (time.Duration, string) {
 	return w, ""
 }
 
+// wholeUnits parses s as a whole number of days ("3d") or weeks ("2w").
+// Numbers too large for an int64 give a count that is too long.
+func wholeUnits(s string) (n int64, unit time.Duration, ok bool) {
+	if len(s) < 2 {
+		return 0, 0, false
+	}
+	switch s[len(s)-1] {
+	case 'd':
+		unit = day
+	case 'w':
+		unit = week
+	default:
+		return 0, 0, false
+	}
+	digits := s[:len(s)-1]
+	if strings.Trim(digits, "0123456789") != "" {
+		return 0, 0, false
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil {
+		n = 1<<63 - 1
+	}
+	return n, unit, true
+}
+
 // formatDuration formats a window as a file would: 1m rather than 1m0s.
 func formatDuration(d time.Duration) string {
-	if d%(24*time.Hour) == 0 {
-		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	if d%week == 0 {
+		return strconv.FormatInt(int64(d/week), 10) + "w"
+	}
+	if d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
 	}
 	s := d.String()
 	s = strings.Replace(s, "m0s", "m", 1)
