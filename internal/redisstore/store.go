@@ -87,9 +87,9 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"encoding/binary"
 	"io"
 	"strconv"
 	"strings"
@@ -184,10 +184,10 @@ type scratch struct {
 	buf    []byte
 	keys   []string
 	fields []string
-	run   []string
-	args  []any
-	info  []counter
-	order []int
+	run    []string
+	args   []any
+	info   []counter
+	order  []int
 }
 
 // counter is what the script read of one charge's counter: its state rolled

@@ -7,9 +7,9 @@ import (
 )
 
 const (
-	sec = int64(1000)
+	sec    = int64(1000)
 	minute = 60 * sec
-	day = 24 * time.Hour
+	day    = 24 * time.Hour
 )
 
 func TestLimitValidate(t *testing.T) {

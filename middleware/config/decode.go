@@ -15,8 +15,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/headers"
-	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/internal/window"
+	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
 
