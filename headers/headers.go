@@ -27,7 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
+
+	"github.com/sluicehq/sluice/internal/arena"
 )
 
 // Header names. Header names are case-insensitive; net/http and fasthttp
@@ -172,33 +173,24 @@ func Seconds(d time.Duration) int64 {
 // Write sets the fields of style from v on s, replacing earlier values.
 // Retry-After is set whenever v.RetryAfter is positive, whatever the style.
 //
-// When s is an http.Header, Write makes two allocations in all: the
-// values share one backing array and one buffer.
+// The values are carved from shared chunks of memory (see internal/arena),
+// so that writing them costs a fraction of an allocation per response:
+// when s is an http.Header, each field is set to its own one-element slice,
+// which a later Add copies rather than extends in place.
 func Write(s Setter, style Style, v *Values) {
+	var f fields
+	a := arena.Get()
+	n := f.build(a, style, v)
 	if h, ok := s.(http.Header); ok {
-		writeHeader(h, style, v)
-		return
+		for i := 0; i < n; i++ {
+			h[canonical[f.ids[i]]] = a.One(f.values[i])
+		}
+	} else {
+		for i := 0; i < n; i++ {
+			s.Set(names[f.ids[i]], f.values[i])
+		}
 	}
-	var f fields
-	n := f.build(style, v)
-	for i := 0; i < n; i++ {
-		s.Set(names[f.ids[i]], f.values[i])
-	}
-}
-
-func writeHeader(h http.Header, style Style, v *Values) {
-	var f fields
-	n := f.build(style, v)
-	if n == 0 {
-		return
-	}
-	vals := make([]string, n)
-	copy(vals, f.values[:n])
-	for i := 0; i < n; i++ {
-		// Each field gets a one-element slice of cap 1 so that an Add by
-		// a later handler copies instead of writing into its neighbour.
-		h[canonical[f.ids[i]]] = vals[i : i+1 : i+1]
-	}
+	arena.Put(a)
 }
 
 // fields holds at most six fields, their values built into one buffer.
@@ -207,10 +199,11 @@ type fields struct {
 	values [nFields]string
 }
 
-func (f *fields) build(style Style, v *Values) int {
-	// Every number below fits in 20 bytes; the name is quoted and may be
-	// escaped, so size generously and let append grow if needed.
-	buf := make([]byte, 0, 96+2*len(v.Name))
+func (f *fields) build(a *arena.Arena, style Style, v *Values) int {
+	// Every number below fits in 20 bytes and names are short: the values
+	// are built on the stack, then copied out in one piece.
+	var stack [192]byte
+	buf := stack[:0]
 	n := 0
 	var marks [nFields]int
 	add := func(id, start int) {
@@ -243,8 +236,7 @@ func (f *fields) build(style Style, v *Values) int {
 		buf = strconv.AppendInt(buf, Seconds(v.RetryAfter), 10)
 		add(fRetryAfter, start)
 	}
-	// buf is never written again, so its bytes can back the strings.
-	all := unsafe.String(unsafe.SliceData(buf), len(buf))
+	all := a.String(buf)
 	for i := 0; i < n; i++ {
 		end := len(buf)
 		if i+1 < n {

@@ -80,15 +80,20 @@ func TestWriteReplaces(t *testing.T) {
 	}
 }
 
+// TestWriteAllocs: the values are carved from shared chunks, so writing
+// them into a map that has room costs well under one allocation each time.
 func TestWriteAllocs(t *testing.T) {
-	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Policy: `"default";q=100;w=60`}
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under -race")
+	}
+	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Next: time.Second, Policy: `"default";q=100;w=60`}
 	h := make(http.Header, 8)
-	allocs := testing.AllocsPerRun(100, func() {
+	allocs := testing.AllocsPerRun(1000, func() {
 		clear(h)
 		Write(h, Both, &v)
 	})
-	if allocs > 2 {
-		t.Errorf("Write to http.Header: %v allocs, want <= 2", allocs)
+	if allocs != 0 {
+		t.Errorf("Write to http.Header: %v allocs, want 0 (amortised)", allocs)
 	}
 }
 

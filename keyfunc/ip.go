@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/arena"
 )
 
 // Default prefix lengths by which RemoteIP and ClientIP group client
@@ -79,7 +81,11 @@ func ipKey(addr netip.Addr, v4Bits, v6Bits int) string {
 	var buf [64]byte // "ip:" + the longest IPv6 text (39) + "/128"
 	b := append(buf[:0], "ip:"...)
 	b = AppendIP(b, addr, v4Bits, v6Bits)
-	return string(b)
+	// Carved from a shared chunk: a fraction of an allocation per key.
+	a := arena.Get()
+	k := a.String(b)
+	arena.Put(a)
+	return k
 }
 
 // CanonicalIP returns the prefix a client address is counted under: addr

@@ -401,8 +401,8 @@ func TestDecideAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if allocs > 1 {
-		t.Errorf("Decide: %v allocs, want <= 1 (the key string)", allocs)
+	if allocs != 0 {
+		t.Errorf("Decide: %v allocs, want 0 (the key string is carved from a shared chunk)", allocs)
 	}
 	static := newLimiter(t, middleware.PerSecond(1<<30), func(keyfunc.Request) (string, error) { return "k", nil })
 	if allocs := testing.AllocsPerRun(200, func() { _, _ = static.Decide(r) }); allocs != 0 {
@@ -449,5 +449,29 @@ func TestValidatePath(t *testing.T) {
 	_, err := middleware.NewRules([]middleware.Rule{{Name: "r", Path: "/api/", Key: keyfunc.Global(), Limits: []middleware.Limit{middleware.PerMinute(1)}}})
 	if want := `sluice: rule "r": path "/api/" has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes`; err == nil || err.Error() != want {
 		t.Errorf("NewRules error = %v, want %s", err, want)
+	}
+}
+
+// TestHandlerAllocs holds the allocation goal of the speed issue: behind
+// the limiter, with a fresh httptest.NewRecorder per request as users
+// benchmark it, a request costs at most 3 allocations more than the bare
+// handler. Those 3 are the recorder's: a group for the header map the
+// rate-limit fields go into, and two more for the copy of a non-empty
+// header that it takes at WriteHeader.
+func TestHandlerAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under -race")
+	}
+	lim := newLimiter(t, middleware.PerSecond(1<<30), keyfunc.RemoteIP(), middleware.WithClock(newClock(t0).Now))
+	bareHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	limited := lim.Handler(bareHandler)
+	r := get("192.0.2.1:1")
+	count := func(h http.Handler) float64 {
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		return testing.AllocsPerRun(1000, func() { h.ServeHTTP(httptest.NewRecorder(), r) })
+	}
+	base, got := count(bareHandler), count(limited)
+	if got-base > 3 {
+		t.Errorf("limited handler: %v allocs, bare %v: %v more, want at most 3", got, base, got-base)
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package headers
+
+const raceEnabled = false
