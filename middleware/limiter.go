@@ -227,11 +227,33 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 }
 
 func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	dc := l.cfg.denyCache
+	var local time.Time
+	if dc != nil {
+		// The instant read before the store is asked: an entry then
+		// expires no later than the store's own RetryAfter would.
+		local = now
+		if local.IsZero() {
+			local = time.Now()
+		}
+		if i, d, ok := dc.Lookup(local, charges); ok {
+			// The store would deny too. The other charges were not
+			// decided; they are reported as not binding.
+			for j := range out {
+				out[j] = Decision{Allowed: true}
+			}
+			out[i] = d
+			return false, nil
+		}
+	}
 	b := l.cfg.breaker
 	if b != nil && !b.allow() {
 		return false, errBreakerOpen
 	}
 	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	if err == nil && !ok && dc != nil {
+		dc.Record(local, charges, out)
+	}
 	if err != nil {
 		if b != nil {
 			b.failure()

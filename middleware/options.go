@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/denycache"
+	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -79,6 +81,9 @@ type config struct {
 	breakerCooldown time.Duration
 	onBreaker       func(open bool)
 	breaker         *breaker
+
+	denyCacheSize int // -1: the default for the store
+	denyCache     *denycache.Cache
 }
 
 func defaultConfig() config {
@@ -87,6 +92,7 @@ func defaultConfig() config {
 		onError:         DefaultErrorHandler,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
+		denyCacheSize:   -1,
 	}
 }
 
@@ -127,7 +133,41 @@ func (c *config) finish() error {
 		c.owned = append(c.owned, s.(interface{ Close() error }))
 	}
 	c.breaker = c.newBreaker()
+	size := c.denyCacheSize
+	if _, local := c.store.(*memstore.Store); size < 0 && !local {
+		size = DefaultDenyCacheSize
+	}
+	if size > 0 {
+		c.denyCache = denycache.New(denycache.Config{MaxEntries: size})
+	}
 	return nil
+}
+
+// DefaultDenyCacheSize is the number of denials a Limiter remembers by
+// default when its store is not in this process's memory.
+const DefaultDenyCacheSize = denycache.DefaultMaxEntries
+
+// WithDenyCache sets how many store denials the limiter remembers, so that
+// a client that keeps knocking while it is limited is turned away without
+// asking the store again: a counter that denied with a known Retry-After
+// is denied locally until then, for requests of at least that cost. The
+// cache never admits anything, and never denies longer than the store
+// would (it counts from the instant before the store was asked). A flood
+// on one key then costs the store about one call per Retry-After per app
+// server.
+//
+// The default is DefaultDenyCacheSize entries for a shared store such as
+// Redis, and no cache for the in-memory store, which answers as fast as the
+// cache would. size = 0 turns it off; memory stays bounded by size whatever
+// keys clients invent (each entry keeps hashes, not keys).
+func WithDenyCache(size int) Option {
+	return func(c *config) {
+		if size < 0 {
+			c.errorf("WithDenyCache: size %d must not be negative", size)
+			return
+		}
+		c.denyCacheSize = size
+	}
 }
 
 func (c *config) closeOwned() error {

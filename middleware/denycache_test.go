@@ -1,0 +1,155 @@
+package middleware_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// scriptCalls returns how many scripts (EVALSHA and EVAL) a server ran.
+func scriptCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				v, err := strconv.Atoi(calls)
+				if err != nil {
+					t.Fatalf("parse %q: %v", line, err)
+				}
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// TestDenyCacheShieldsRedis floods one key at about 10,000 requests a
+// second for a second, on the server's clock, and counts the scripts the
+// server ran: the admitted requests, and about one more per Retry-After,
+// instead of one per request.
+func TestDenyCacheShieldsRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for a second of real time")
+	}
+	t.Parallel()
+	const (
+		limit      = 10
+		goroutines = 10
+		perG       = 1000 // at 1 ms intervals: 10,000 requests a second
+	)
+	srv := redistest.Standalone(t) // its own server: its command counts are this test's
+	admin := srv.Client(t, nil)
+	run := func(t *testing.T, opts ...middleware.Option) (calls, admitted int) {
+		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := newLimiter(t, middleware.PerSecond(limit), keyfunc.RemoteIP(), append(opts, middleware.WithStore(store))...)
+		before := scriptCalls(t, admin)
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(time.Millisecond)
+				defer tick.Stop()
+				r := keyfunc.FromHTTP(get("192.0.2.1:1"))
+				for range perG {
+					<-tick.C
+					res, err := lim.Decide(r)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Allowed {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return scriptCalls(t, admin) - before, int(ok.Load())
+	}
+	calls, admitted := run(t)
+	t.Logf("deny cache: %d requests, %d admitted, %d scripts run", goroutines*perG, admitted, calls)
+	// Each admission is one call; each denial the store makes is cached
+	// until the next unit comes free (1/limit of a second here), so a
+	// refresh costs about one call per unit, plus the requests that reach
+	// the store together at the instant an entry expires.
+	if bound := admitted + 2*goroutines*(admitted+1); calls > bound {
+		t.Errorf("%d scripts for %d admitted, want at most %d", calls, admitted, bound)
+	}
+	if admitted < limit || admitted > 3*limit {
+		t.Errorf("%d admitted in about a second at %d/s", admitted, limit)
+	}
+	without, _ := run(t, middleware.WithDenyCache(0))
+	t.Logf("no deny cache: %d scripts run", without)
+	// A request that timed out may have its script run after the count.
+	if without < goroutines*perG*9/10 {
+		t.Errorf("without the cache %d scripts ran for %d requests: the count is not measuring them", without, goroutines*perG)
+	}
+}
+
+// TestDenyCacheDecisions checks what a denial from the cache tells the
+// client: the same status and fields the store gave, aged by the time that
+// passed, and the store asked again once the Retry-After has passed.
+func TestDenyCacheDecisions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	admin := srv.Client(t, nil)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newClock(t0)
+	h := newLimiter(t, middleware.PerMinute(2), keyfunc.RemoteIP(), middleware.WithStore(store), middleware.WithClock(clock.Now)).Handler(ok)
+	for range 2 {
+		if rec := do(h, get("192.0.2.1:1")); rec.Code != http.StatusOK {
+			t.Fatalf("status %d", rec.Code)
+		}
+	}
+	first := do(h, get("192.0.2.1:1")) // denied by Redis: 89.999 s
+	before := scriptCalls(t, admin)
+	clock.Add(10 * time.Second)
+	second := do(h, get("192.0.2.1:1")) // denied by the cache
+	if after := scriptCalls(t, admin); after != before {
+		// Other tests share the server; only this test's key matters, so
+		// check the answer rather than fail on a shared count.
+		t.Logf("%d scripts ran meanwhile on the shared server", after-before)
+	}
+	if first.Code != 429 || second.Code != 429 {
+		t.Fatalf("statuses %d, %d; want 429 twice", first.Code, second.Code)
+	}
+	if got := first.Header().Get("Retry-After"); got != "90" {
+		t.Errorf("Retry-After from Redis %q, want 90", got)
+	}
+	if got := second.Header().Get("Retry-After"); got != "80" {
+		t.Errorf("Retry-After from the cache 10 s later %q, want 80", got)
+	}
+	if got := second.Header().Get("RateLimit"); got != `"default";r=0;t=80` {
+		t.Errorf("RateLimit from the cache %q", got)
+	}
+	// At Retry-After the cache no longer denies, and Redis admits.
+	clock.Add(79999 * time.Millisecond)
+	if rec := do(h, get("192.0.2.1:1")); rec.Code != http.StatusOK {
+		t.Errorf("at Retry-After: status %d, want 200", rec.Code)
+	}
+}
