@@ -37,7 +37,7 @@ for i = 1, #KEYS do
 end
 
 local function put(a, s, p, c)
-  redis.call('HSET', a.key, a.field, string.format('%d %d %d %d', s, p, c, a.w))
+  redis.call('HSET', a.key, a.field, struct.pack('<dddd', s, p, c, a.w))
 end
 
 local changed = 0
@@ -45,9 +45,8 @@ for _, id in ipairs(order) do
   local a, cost = args[id], costs[id]
   local v = redis.call('HGET', a.key, a.field)
   local s, p, c
-  if v then
-    s, p, c = string.match(v, '^(%d+) (%d+) (%d+) %d+$')
-    s, p, c = tonumber(s), tonumber(p), tonumber(c)
+  if v and #v == 32 then
+    s, p, c = struct.unpack('<dddd', v)
   end
   if s == nil or cost <= 0 then
     -- Gone, or nothing to give back.

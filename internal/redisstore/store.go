@@ -30,9 +30,9 @@
 // encoding of SHA-256(Charge.Key): 262,144 buckets, each holding the
 // counters of the Keys that hash to it. A counter is one field of its
 // bucket, named by the first 12 bytes (96 bits) of
-// SHA-256(Key, Name, window), whose value is "start prev curr window" in
-// decimal (the start of its current window in Unix ms, the counts of the
-// previous and current windows, the window in ms). With a few counters per
+// SHA-256(Key, Name, window), whose value is four little-endian doubles
+// (the start of its current window in Unix ms, the counts of the previous
+// and current windows, the window in ms: 32 bytes). With a few counters per
 // bucket, Redis keeps each bucket as one small listpack, which costs far
 // less per counter than a key of its own (see BENCHMARKS.md).
 //
@@ -42,8 +42,9 @@
 // hashes collide within a bucket (for a billion counters, odds below
 // 10^-16). Every key the script touches is passed in KEYS.
 //
-// A bucket expires two windows after its latest write (PEXPIRE, extended
-// only), like every counter in it; a field that is past its own expiry is
+// A bucket expires no sooner than two windows after the start of the
+// current window of any counter in it (PEXPIRE, only ever extended, and
+// only when a counter starts a window); a field that is past its own expiry is
 // treated as absent, and up to two such fields are dropped whenever a new
 // field is added to the bucket, so a bucket that active clients keep alive
 // does not accumulate the counters of clients that went away.
@@ -128,7 +129,7 @@ const (
 	maxPrefixLen = 256
 	// fieldsPerCharge is the number of integers the script returns per
 	// charge.
-	fieldsPerCharge = 11
+	fieldsPerCharge = 7
 	// argsPerCharge is the number of arguments the script takes per
 	// charge.
 	argsPerCharge = 5
@@ -446,11 +447,13 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, c
 	if err != nil {
 		return false, 0, fmt.Errorf("redisstore: run script: %w", err)
 	}
-	return parseReply(reply, idx, out, sc.info)
+	return parseReply(reply, mode == modeCharge, charges, idx, out, sc.info)
 }
 
-// parseReply checks the script's reply and copies it into out and info.
-func parseReply(reply []any, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
+// parseReply checks the script's reply, copies the states it read into
+// info and describes each decision into out (window.Describe), with the
+// costs counted if the charges were admitted and charged.
+func parseReply(reply []any, charged bool, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
 	if len(reply) != 2+fieldsPerCharge*len(idx) {
 		return false, 0, fmt.Errorf("redisstore: script returned %d values for %d charges", len(reply), len(idx))
 	}
@@ -475,23 +478,19 @@ func parseReply(reply []any, idx []int, out []window.Decision, info []counter) (
 			}
 			f[k] = n
 		}
-		allowed, remaining, reset, retry, next := f[0], f[1], f[2], f[3], f[4]
-		if (allowed != 0 && allowed != 1) || remaining < 0 || reset < 0 || retry < -1 || next < 0 {
-			return false, 0, fmt.Errorf("redisstore: script returned an invalid decision: allowed %d, remaining %d, reset %d ms, retry %d ms, next %d ms",
-				allowed, remaining, reset, retry, next)
+		allowed := f[0]
+		rolled := window.State{Start: f[1], Prev: f[2], Curr: f[3]}
+		stored := window.State{Start: f[4], Prev: f[5], Curr: f[6]}
+		if (allowed != 0 && allowed != 1) || rolled.Start < 0 || rolled.Prev < 0 || rolled.Curr < 0 || stored.Start < -1 || stored.Prev < 0 || stored.Curr < 0 {
+			return false, 0, fmt.Errorf("redisstore: script returned an invalid counter: allowed %d, state %+v, stored %+v", allowed, rolled, stored)
 		}
-		out[i] = window.Decision{
-			Allowed:    allowed == 1,
-			Remaining:  int(remaining),
-			ResetAfter: millis(reset),
-			RetryAfter: millis(retry),
-			NextAfter:  millis(next),
+		info[i] = counter{rolled: rolled, stored: stored, existed: stored.Start >= 0}
+		c := &charges[i]
+		st := rolled
+		if charged && all == 1 {
+			st.Curr += int64(c.Cost)
 		}
-		info[i] = counter{
-			rolled:  window.State{Start: f[5], Prev: f[6], Curr: f[7]},
-			stored:  window.State{Start: f[8], Prev: f[9], Curr: f[10]},
-			existed: f[8] >= 0,
-		}
+		out[i] = window.Describe(st, max(now, rolled.Start), c.Limit, int64(c.Cost), allowed == 1)
 	}
 	return all == 1, now, nil
 }
@@ -585,13 +584,4 @@ func appendField(b []byte, c *window.Charge) []byte {
 	h.Write(binary.AppendUvarint(n[:0], uint64(c.Limit.Window.Milliseconds())))
 	var sum [sha256.Size]byte
 	return append(b, h.Sum(sum[:0])[:fieldLen]...)
-}
-
-// millis converts a duration in milliseconds from the script, where -1
-// means "never", to the Decision convention (-1ns).
-func millis(v int64) time.Duration {
-	if v < 0 {
-		return -1
-	}
-	return time.Duration(v) * time.Millisecond
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -473,11 +475,11 @@ func TestRefund(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := strings.Fields(v)
-		if len(f) != 4 || f[3] != ms(w) {
-			t.Fatalf("counter %q, want start, prev, curr and window", v)
+		f, ok := decodeCounter(v)
+		if !ok || f[3] != w {
+			t.Fatalf("counter %x, want start, prev, curr and window", v)
 		}
-		return f[:3]
+		return []string{ms(f[0]), ms(f[1]), ms(f[2])}
 	}
 
 	// Untouched since the charge: the key did not exist, so it goes.
@@ -514,7 +516,7 @@ func TestRefund(t *testing.T) {
 
 	// Never below zero.
 	sc, cs = charge("floor", t0, 3)
-	if err := c.HSet(ctx, sc.keys[0], sc.fields[0], ms(start)+" 0 1 "+ms(w)).Err(); err != nil {
+	if err := c.HSet(ctx, sc.keys[0], sc.fields[0], encodeCounter(start, 0, 1, w)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	s.refund(ctx, sc, start, cs, []int{0})
@@ -724,19 +726,27 @@ func TestTakeErrors(t *testing.T) {
 
 func TestParseReply(t *testing.T) {
 	t.Parallel()
+	// Two charges of 10/min, each counter at start 1000 with 4 in its
+	// current window before this request, which costs 1 and is admitted.
 	good := func() []any {
 		r := []any{int64(1), int64(1_000)}
 		for i := 0; i < 2; i++ {
-			r = append(r, int64(1), int64(5), int64(60_000), int64(0), int64(1500), int64(0), int64(0), int64(4), int64(-1), int64(0), int64(0))
+			r = append(r, int64(1), int64(1000), int64(0), int64(4), int64(-1), int64(0), int64(0))
 		}
 		return r
 	}
+	charges := []window.Charge{{Key: "a", Limit: perMinute(10), Cost: 1}, {Key: "b", Limit: perMinute(10), Cost: 1}}
 	out := make([]window.Decision, 2)
 	info := make([]counter, 2)
-	ok, now, err := parseReply(good(), []int{0, 1}, out, info)
-	if err != nil || !ok || now != 1000 || out[1] != (window.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Minute, NextAfter: 1500 * time.Millisecond}) ||
+	ok, now, err := parseReply(good(), true, charges, []int{0, 1}, out, info)
+	want := window.Describe(window.State{Start: 1000, Curr: 5}, 1000, perMinute(10), 1, true)
+	if err != nil || !ok || now != 1000 || out[1] != want || want.Remaining != 5 ||
 		info[0].rolled.Curr != 4 || info[0].existed {
 		t.Fatalf("good reply: %v %d %v %+v %+v", ok, now, err, out, info)
+	}
+	// A dry run describes the counter as it was.
+	if _, _, err := parseReply(good(), false, charges, []int{0, 1}, out, info); err != nil || out[0].Remaining != 6 {
+		t.Errorf("dry run: %v %+v", err, out[0])
 	}
 	bad := map[string]func(r []any) []any{
 		"Short":         func(r []any) []any { return r[:len(r)-1] },
@@ -747,13 +757,14 @@ func TestParseReply(t *testing.T) {
 		"Float":         func(r []any) []any { r[4] = 1.5; return r },
 		"AllowedTwo":    func(r []any) []any { r[0] = int64(2); return r },
 		"ChargeAllowed": func(r []any) []any { r[2] = int64(-1); return r },
-		"NegRemaining":  func(r []any) []any { r[3] = int64(-1); return r },
-		"NegReset":      func(r []any) []any { r[4] = int64(-5); return r },
-		"NegRetry":      func(r []any) []any { r[5] = int64(-2); return r },
-		"NegNext":       func(r []any) []any { r[6] = int64(-1); return r },
+		"NegStart":      func(r []any) []any { r[3] = int64(-1); return r },
+		"NegPrev":       func(r []any) []any { r[4] = int64(-5); return r },
+		"NegCurr":       func(r []any) []any { r[5] = int64(-2); return r },
+		"StoredStart":   func(r []any) []any { r[6] = int64(-2); return r },
+		"NegStoredCurr": func(r []any) []any { r[8] = int64(-1); return r },
 	}
 	for name, f := range bad {
-		if _, _, err := parseReply(f(good()), []int{0, 1}, out, info); err == nil {
+		if _, _, err := parseReply(f(good()), true, charges, []int{0, 1}, out, info); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
@@ -778,4 +789,26 @@ func TestNowFromScript(t *testing.T) {
 	if err != nil || now < before-5 || now > after+5 {
 		t.Errorf("server clock: now %d, %v; want within [%d, %d]", now, err, before, after)
 	}
+}
+
+// encodeCounter packs a counter as the scripts do: four little-endian
+// doubles.
+func encodeCounter(v ...int64) string {
+	b := make([]byte, 0, 32)
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(x)))
+	}
+	return string(b)
+}
+
+// decodeCounter unpacks what encodeCounter packs.
+func decodeCounter(s string) ([4]int64, bool) {
+	var f [4]int64
+	if len(s) != 32 {
+		return f, false
+	}
+	for i := range f {
+		f[i] = int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(s[8*i:]))))
+	}
+	return f, true
 }
