@@ -1,11 +1,12 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server or a three-master Redis Cluster, each on free loopback
+// standalone server, a three-master Redis Cluster with or without replicas,
+// or a master and replica watched by three Sentinels, each on free loopback
 // ports, with persistence off and a temporary working directory.
 //
-// Standalone and Cluster start servers owned by one test and stopped by its
-// cleanup. Shared and SharedCluster start, once per test binary, servers
-// that many tests use together; a package that calls them runs its tests
-// through Main, which stops them:
+// Standalone, Cluster, ClusterWithReplicas and Sentinel start servers
+// owned by one test and stopped by its cleanup. Shared and SharedCluster
+// start, once per test binary, servers that many tests use together; a
+// package that calls them runs its tests through Main, which stops them:
 //
 //	func TestMain(m *testing.M) { redistest.Main(m) }
 //
@@ -14,9 +15,24 @@
 // when the test ends. Nothing here ever flushes a database.
 //
 // It needs redis-server 7.0 or later (for --cluster-port and CLUSTER
-// ADDSLOTSRANGE) in PATH. When it is missing, tests are skipped, or fail if
-// the CI environment variable is set, with a message that says how to
-// install it.
+// ADDSLOTSRANGE) in PATH; Sentinel runs it with --sentinel. When it is
+// missing, tests are skipped, or fail if the CI environment variable is
+// set, with a message that says how to install it.
+//
+// # Failures
+//
+// Every server can be killed with SIGKILL, as a crash would, by Kill or
+// Stop, brought back on the same port by Restart, and hung by Pause. The
+// replicated topologies add what resilience tests need around that: which
+// master serves a key, waiting for replicas to catch up before a kill
+// (WaitReplicated), and waiting, bounded, for a failover to finish, which
+// reports how long it took:
+//
+//	c := redistest.ClusterWithReplicas(t)
+//	m, _ := c.MasterForKey(ctx, key)
+//	_ = m.WaitReplicated(ctx)
+//	m.Kill()
+//	promoted, took, err := c.WaitFailover(ctx, m)
 package redistest
 
 import (
@@ -29,6 +45,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,9 +73,14 @@ type Server struct {
 	// ownDir is set when dir was created here and must be removed on Stop.
 	ownDir bool
 
+	// nodeID is the Redis Cluster node ID, set for cluster nodes.
+	nodeID string
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has been waited for
+	// killedAt is when the process was last killed; zero if never.
+	killedAt time.Time
 }
 
 // Standalone starts a standalone redis-server for the test and stops it
@@ -101,8 +123,27 @@ func (s *Server) Prefix(t testing.TB) string {
 	return p
 }
 
-// Stop kills the server and waits for it to exit. It is safe to call more
-// than once.
+// Kill kills the server with SIGKILL, as a crash would: no shutdown, no
+// save, connections reset. It waits for the process to exit and keeps the
+// working directory, so Restart can bring the server back. It is safe to
+// call more than once, and on a paused server.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopLocked()
+}
+
+// Running reports whether the server's process runs (paused or not): it
+// was started and not killed since.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
+// Stop kills the server with SIGKILL, like Kill, waits for it to exit, and
+// removes the working directory if this package created it. It is safe to
+// call more than once.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -117,14 +158,32 @@ func (s *Server) stopLocked() {
 	if s.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Process.Kill() // SIGKILL
 	<-s.done
 	s.cmd = nil
+	s.killedAt = time.Now()
 }
 
-// Restart stops the server if it runs and starts it again on the same port
-// and directory. Data is not kept: persistence is off.
-func (s *Server) Restart() error {
+// sinceKilled returns the time since the server was last killed, or since
+// start if it never was or runs again.
+func (s *Server) sinceKilled(start time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil && !s.killedAt.IsZero() {
+		return time.Since(s.killedAt)
+	}
+	return time.Since(start)
+}
+
+// Restart kills the server if it runs and starts it again on the same port,
+// directory and options, so that clients of the old process reconnect to
+// the new one. Data is not kept: persistence is off. A cluster node comes
+// back with its node ID and its view of the cluster; a Sentinel with its
+// rewritten configuration.
+func (s *Server) Restart() error { return s.restart(nil) }
+
+// restart is Restart with more command-line options for this start only.
+func (s *Server) restart(extra []string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopLocked()
@@ -132,7 +191,7 @@ func (s *Server) Restart() error {
 	// The port was just released; another process may take it, which this
 	// cannot help, but a socket in TIME_WAIT is no obstacle for Redis.
 	for attempt := 0; attempt < startAttempts; attempt++ {
-		if err = s.spawnLocked(); err == nil {
+		if err = s.spawnLocked(extra); err == nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -163,42 +222,64 @@ func (s *Server) signal(sig os.Signal) error {
 
 // startServer starts redis-server in dir on a free port, trying again with
 // another port if the chosen one was taken in the meantime. extra holds
-// more command-line options; cluster asks for a cluster bus port too.
+// more command-line options, which override the defaults; cluster asks for
+// a cluster bus port too.
 func startServer(dir string, cluster bool, extra []string) (*Server, error) {
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		s := &Server{
-			addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			dir:  dir,
-		}
-		s.args = []string{
-			"--port", strconv.Itoa(port),
+	return startWith(dir, func(port int) ([]string, error) {
+		p := strconv.Itoa(port)
+		args := []string{
+			"--port", p,
 			"--bind", "127.0.0.1",
 			"--save", "",
 			"--appendonly", "no",
 			"--dir", dir,
-			"--logfile", filepath.Join(dir, "redis-"+strconv.Itoa(port)+".log"),
+			"--logfile", filepath.Join(dir, "redis-"+p+".log"),
+			// Servers share dir. A replica's full sync goes through this
+			// file unless it loads from the socket, and a file left behind
+			// would be loaded by a restart.
+			"--dbfilename", "dump-" + p + ".rdb",
+			"--repl-diskless-load", "on-empty-db",
+			"--rdb-del-sync-files", "yes",
 		}
 		if cluster {
 			bus, err := freePort()
 			if err != nil {
 				return nil, err
 			}
-			s.args = append(s.args,
+			args = append(args,
 				"--cluster-enabled", "yes",
-				"--cluster-config-file", filepath.Join(dir, "nodes-"+strconv.Itoa(port)+".conf"),
+				"--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"),
 				"--cluster-node-timeout", "2000",
 				"--cluster-port", strconv.Itoa(bus),
 				"--cluster-announce-ip", "127.0.0.1",
 			)
 		}
-		s.args = append(s.args, extra...)
+		return append(args, extra...), nil
+	})
+}
+
+// startWith starts redis-server in dir with the arguments that argsFor
+// returns for a free port, trying again with another port if the chosen
+// one was taken in the meantime. The server must log to
+// dir/redis-<port>.log.
+func startWith(dir string, argsFor func(port int) ([]string, error)) (*Server, error) {
+	var lastErr error
+	for attempt := 0; attempt < startAttempts; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		args, err := argsFor(port)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{
+			addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			dir:  dir,
+			args: args,
+		}
 		s.mu.Lock()
-		lastErr = s.spawnLocked()
+		lastErr = s.spawnLocked(nil)
 		s.mu.Unlock()
 		if lastErr == nil {
 			return s, nil
@@ -207,9 +288,10 @@ func startServer(dir string, cluster bool, extra []string) (*Server, error) {
 	return nil, fmt.Errorf("could not start redis-server after %d attempts: %w", startAttempts, lastErr)
 }
 
-// spawnLocked starts the process and waits until it answers PING.
-func (s *Server) spawnLocked() error {
-	cmd := exec.Command("redis-server", s.args...)
+// spawnLocked starts the process with s.args and extra, and waits until
+// it answers PING.
+func (s *Server) spawnLocked(extra []string) error {
+	cmd := exec.Command("redis-server", append(slices.Clip(s.args), extra...)...)
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)

@@ -58,7 +58,7 @@ func SharedCluster(t testing.TB) *ClusterServer {
 			shared.clusterErr = err
 			return
 		}
-		c, err := startCluster(dir)
+		c, err := startCluster(dir, false)
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			shared.clusterErr = err
