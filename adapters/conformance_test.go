@@ -491,10 +491,14 @@ func redisStore(t *testing.T, frontEnd string) middleware.Store {
 	s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{
 		Prefix:  srv.Prefix(t) + strings.ReplaceAll(frontEnd, "/", "-") + ":",
 		Timeout: 5 * time.Second,
+		// Parallel tests can slow the server down for tens of ms; only
+		// the outage tests take a server as down that quickly.
+		StallThreshold: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.(interface{ Close() error }).Close() })
 	return s
 }
 

@@ -79,14 +79,17 @@ const (
 // WithBreaker sets the store's circuit breaker: after failures consecutive
 // store errors the limiter stops calling the store for cooldown and applies
 // the failure policy at once, then lets one request probe the store. The
-// default is 5 failures and one second; failures = 0 turns the breaker off,
-// so that every request waits for the store (up to its timeout).
+// default is 5 failures and one second, for stores that do not follow the
+// health of their servers themselves; the Redis store does (see
+// NewRedisStore), and gets no breaker unless this option sets one.
+// failures = 0 turns the breaker off, so that every request waits for the
+// store (up to its timeout).
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(c *config) {
 		if failures < 0 || failures > 0 && cooldown <= 0 {
 			c.errorf("WithBreaker: want failures >= 0 and cooldown > 0, got %d and %v", failures, cooldown)
 		}
-		c.breakerFailures, c.breakerCooldown = failures, cooldown
+		c.breakerFailures, c.breakerCooldown, c.breakerSet = failures, cooldown, true
 	}
 }
 

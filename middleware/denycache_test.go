@@ -57,10 +57,11 @@ func TestDenyCacheShieldsRedis(t *testing.T) {
 	srv := redistest.Standalone(t) // its own server: its command counts are this test's
 	admin := srv.Client(t, nil)
 	run := func(t *testing.T, opts ...middleware.Option) (calls, admitted int) {
-		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
+		closeStore(t, store)
 		lim := newLimiter(t, middleware.PerSecond(limit), keyfunc.RemoteIP(), append(opts, middleware.WithStore(store))...)
 		before := scriptCalls(t, admin)
 		var ok atomic.Int64
@@ -115,10 +116,11 @@ func TestDenyCacheDecisions(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
 	admin := srv.Client(t, nil)
-	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeStore(t, store)
 	clock := newClock(t0)
 	h := newLimiter(t, middleware.PerMinute(2), keyfunc.RemoteIP(), middleware.WithStore(store), middleware.WithClock(clock.Now)).Handler(ok)
 	for range 2 {
@@ -151,5 +153,12 @@ func TestDenyCacheDecisions(t *testing.T) {
 	clock.Add(79999 * time.Millisecond)
 	if rec := do(h, get("192.0.2.1:1")); rec.Code != http.StatusOK {
 		t.Errorf("at Retry-After: status %d, want 200", rec.Code)
+	}
+}
+
+// closeStore closes a store that has a Close method when the test ends.
+func closeStore(t *testing.T, s middleware.Store) {
+	if c, ok := s.(interface{ Close() error }); ok {
+		t.Cleanup(func() { c.Close() })
 	}
 }

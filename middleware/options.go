@@ -79,6 +79,7 @@ type config struct {
 
 	breakerFailures int
 	breakerCooldown time.Duration
+	breakerSet      bool
 	onBreaker       func(open bool)
 	breaker         *breaker
 
@@ -131,6 +132,11 @@ func (c *config) finish() error {
 		}
 		c.fallback = s
 		c.owned = append(c.owned, s.(interface{ Close() error }))
+	}
+	if hs, ok := c.store.(interface{ PerServerHealth() bool }); ok && hs.PerServerHealth() && !c.breakerSet {
+		// The store fails fast per server: a breaker for the whole store
+		// would let one failing Cluster node stop the decisions of all.
+		c.breakerFailures = 0
 	}
 	c.breaker = c.newBreaker()
 	size := c.denyCacheSize

@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redisstore"
 )
 
@@ -13,14 +14,42 @@ type RedisConfig struct {
 	// Prefix starts every key the store writes; empty means "sluice:". It
 	// may not contain '{' or '}'.
 	Prefix string
-	// Timeout bounds each Take, on top of the request context's deadline;
-	// 0 means 100ms and a negative value means no bound of its own. A
-	// server that hangs holds a request no longer than that. go-redis ends
-	// a hung read at a context deadline only when the client was created
-	// with ContextTimeoutEnabled; with other clients the store runs the call
-	// on a goroutine of its own and stops waiting at the deadline, so set
-	// ContextTimeoutEnabled to spare that goroutine.
+	// Timeout bounds each decision, on top of the request context's
+	// deadline; 0 means 100ms and a negative value means no bound of its
+	// own. The store returns at the deadline whatever the go-redis
+	// client's options (go-redis itself ends a hung read at a context
+	// deadline only with ContextTimeoutEnabled).
 	Timeout time.Duration
+	// StallThreshold is how long a batch of decisions may wait for a
+	// server's answer before the server is taken as down: requests for
+	// its counters then go to the failure policy at once, instead of
+	// waiting behind it, until a probe finds it answering again. 0 means
+	// adaptive: 20ms plus twice the server's recent slowest round trip, at
+	// most 35ms. A negative value marks servers down only on connection
+	// errors.
+	StallThreshold time.Duration
+	// MaxBatch bounds how many decisions share one round trip to one
+	// server; 0 means 128.
+	MaxBatch int
+	// OnHealthChange, if not nil, is called when a Redis server goes down
+	// (with the cause) or comes back. On Redis Cluster it names the node;
+	// each node is followed on its own, so one node going down affects
+	// only the requests for counters it holds.
+	OnHealthChange func(HealthEvent)
+}
+
+// HealthEvent reports that a store's server went down or came back.
+type HealthEvent struct {
+	// Server is the address of the Redis server (a Cluster node, a Ring
+	// shard, the master of a Sentinel-managed client), or "" when the
+	// event is about the store as a whole (the Limiter's own circuit
+	// breaker, for stores that do not follow each server).
+	Server string
+	// Up reports whether the server is answering again.
+	Up bool
+	// Cause is why it went down (a connection error, or a batch that was
+	// outstanding too long); nil when Up.
+	Cause error
 }
 
 // NewRedisStore returns a Store that keeps its counters in Redis, so that
@@ -28,17 +57,30 @@ type RedisConfig struct {
 //
 // client may be a *redis.Client (a single server, or a Sentinel-managed one
 // from redis.NewFailoverClient), a *redis.ClusterClient or a *redis.Ring.
-// Each decision is one Lua script run (EVALSHA, one round trip) that reads,
-// checks and updates all the counters of a request atomically, with the
-// time taken from the Redis server (TIME) when Take is given the zero time,
-// so that app servers whose clocks disagree still agree on the windows.
+// Each decision is one Lua script (EVALSHA) that reads, checks and updates
+// all the counters of a request atomically, with the time taken from the
+// Redis server (TIME) when Take is given the zero time, so that app servers
+// whose clocks disagree still agree on the windows. Decisions made at the
+// same moment by many goroutines share round trips: while one batch is on
+// the wire to a server, new decisions queue and go out together in the
+// next, with no timer and no goroutine per decision.
 //
-// Keys are never stored as given: each counter lives at
-// "<prefix>{<hash of Key>}:<Name>:<window in ms>", where the hash is 22
-// characters of base64url SHA-256 (and a Name outside [A-Za-z0-9_.-]{1,64}
-// is hashed too). Hostile keys thus make fixed-size Redis keys, and all the
-// counters of one Key share a hash tag: on Redis Cluster they live in one
-// slot, and a Ring, which also honours hash tags, puts them on one shard.
+// The store follows each server's health: a server whose answers stall
+// (see RedisConfig.StallThreshold) or whose connection fails is taken as
+// down, the requests for its counters go to the failure policy at once,
+// and it is probed at a short, growing interval (25ms, doubling up to
+// 200ms) so that decisions come back from it soon after it answers again.
+// On Cluster, a node going down makes the client reload the slot map, so
+// that a promoted replica is used within about a second. A Limiter with
+// such a store needs no circuit breaker of its own and has none unless
+// WithBreaker sets one.
+//
+// Keys are never stored as given: counters are fields of bucket hashes at
+// "<prefix>{<3 characters of base64url SHA-256 of Key>}", named by 12
+// bytes of SHA-256 over Key, Name and window. Hostile keys thus make
+// fixed-size fields, and all the counters of one Key share a hash tag: on
+// Redis Cluster they live in one slot, and a Ring, which also honours hash
+// tags, puts them on one shard.
 //
 // On a *redis.ClusterClient or *redis.Ring, a request whose rules use
 // different Keys is decided by one script run per Key; if a later one
@@ -47,8 +89,17 @@ type RedisConfig struct {
 // request may briefly see the charge that is being given back. Prefer one
 // Key per request on Cluster. A Ring also moves keys between shards when
 // one goes down or comes back, which resets the counters that move.
+//
+// The returned Store has a Close method that stops its pipeline workers;
+// call it when the store is no longer used.
 func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
-	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout})
+	pc := redispipe.Config{StallThreshold: cfg.StallThreshold, MaxBatch: cfg.MaxBatch}
+	if fn := cfg.OnHealthChange; fn != nil {
+		pc.OnStateChange = func(server string, up bool, cause error) {
+			fn(HealthEvent{Server: server, Up: up, Cause: cause})
+		}
+	}
+	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@ import (
 
 // TestRedisDown stops, then hangs, a real redis-server under a running
 // limiter and checks each failure policy: requests are answered by the
-// policy, promptly, and the limiter recovers when Redis is back.
+// policy, promptly, the store reports the server down with the cause, and
+// the limiter decides with Redis again soon after it is back.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
 	type step struct {
@@ -39,25 +40,33 @@ func TestRedisDown(t *testing.T) {
 		t.Run(tt.policy.String(), func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Standalone(t)
-			client := srv.Client(t, &redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1})
-			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: srv.Prefix(t), Timeout: 200 * time.Millisecond})
+			// Default go-redis options: the store, not the client's
+			// retries, decides how long a request waits.
+			client := srv.Client(t, nil)
+			var mu sync.Mutex
+			var storeErrs []error
+			var health []middleware.HealthEvent
+			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{
+				Prefix: srv.Prefix(t),
+				OnHealthChange: func(e middleware.HealthEvent) {
+					mu.Lock()
+					health = append(health, e)
+					mu.Unlock()
+				},
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
+			closeStore(t, store)
 			clock := newClock(t0)
-			var mu sync.Mutex
-			var storeErrs []error
-			var breaker []bool
 			lim := newLimiter(t, middleware.PerMinute(3), keyfunc.RemoteIP(),
 				middleware.WithStore(store), middleware.WithClock(clock.Now),
 				middleware.WithFailurePolicy(tt.policy),
-				middleware.WithBreaker(3, time.Second),
 				middleware.WithOnError(func(_ keyfunc.Request, err error) {
 					mu.Lock()
 					storeErrs = append(storeErrs, err)
 					mu.Unlock()
-				}),
-				middleware.WithOnBreakerChange(func(open bool) { breaker = append(breaker, open) }))
+				}))
 			h := lim.Handler(ok)
 			request := func(name string, want step) {
 				t.Helper()
@@ -65,7 +74,7 @@ func TestRedisDown(t *testing.T) {
 				rec := do(h, get("192.0.2.1:1"))
 				took := time.Since(start)
 				t.Logf("%s: %v", name, took)
-				if took > 5*time.Second {
+				if took > time.Second {
 					t.Fatalf("%s: took %v: the request waited for Redis", name, took)
 				}
 				if rec.Code != want.code {
@@ -75,51 +84,68 @@ func TestRedisDown(t *testing.T) {
 					t.Fatalf("%s: rate-limit headers %v, want %v", name, rec.Header(), want.limited)
 				}
 			}
+			// backInRedis waits until Redis decides again: the store
+			// probes a server that was down within a few hundred ms.
+			backInRedis := func(wantRemaining string) {
+				t.Helper()
+				deadline := time.Now().Add(2 * time.Second)
+				for {
+					rec := do(h, get("192.0.2.1:1"))
+					mu.Lock()
+					up := len(health) == 0 || health[len(health)-1].Up
+					mu.Unlock()
+					if up && rec.Code == 200 && rec.Header().Get(headers.Remaining) == wantRemaining {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("Redis did not decide again: status %d, headers %v", rec.Code, rateHeaders(rec.Header()))
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 
 			// Redis up: counted in Redis.
 			request("up 1", step{200, true})
 			request("up 2", step{200, true})
 
-			srv.Stop()
+			srv.Kill()
 			for i, want := range tt.down {
 				request("down "+string(rune('1'+i)), want)
 			}
-			// Three failures opened the breaker: the fourth request was
-			// answered without trying Redis.
 			mu.Lock()
-			n := len(storeErrs)
+			if len(storeErrs) != len(tt.down) {
+				t.Errorf("%d store errors reported for %d requests, want one each", len(storeErrs), len(tt.down))
+			}
 			for _, err := range storeErrs {
 				if !errors.Is(err, middleware.ErrStore) || !strings.Contains(err.Error(), "redisstore") {
 					t.Errorf("hook got %v, want a wrapped redisstore error", err)
 				}
 			}
-			mu.Unlock()
-			if n != 3 || len(breaker) != 1 || !breaker[0] {
-				t.Errorf("%d store errors reported and breaker changes %v; want 3 and [true]", n, breaker)
+			if len(health) == 0 || health[0].Up || health[0].Cause == nil || health[0].Server != srv.Addr() {
+				t.Errorf("health events %+v, want %s down with a cause", health, srv.Addr())
 			}
+			mu.Unlock()
 
-			// Hung server: the store's timeout answers, not Redis.
+			// Back (the restarted server kept no counts), then hung: the
+			// store stops waiting long before its timeout.
 			if err := srv.Restart(); err != nil {
 				t.Fatal(err)
 			}
+			backInRedis("2")
 			if err := srv.Pause(); err != nil {
 				t.Fatal(err)
 			}
-			clock.Add(time.Second) // the breaker lets one probe through
 			request("paused", tt.paused)
+			request("paused again", tt.paused)
 			if err := srv.Resume(); err != nil {
 				t.Fatal(err)
 			}
-
-			// Back: the next probe closes the breaker and Redis decides
-			// again (the restarted server kept no counts).
-			clock.Add(time.Second)
-			rec := do(h, get("192.0.2.1:1"))
-			if rec.Code != 200 || rec.Header().Get(headers.Remaining) != "2" {
-				t.Fatalf("after recovery: status %d, headers %v", rec.Code, rateHeaders(rec.Header()))
-			}
-			if len(breaker) != 2 || breaker[1] {
-				t.Errorf("breaker changes %v, want [true false]", breaker)
+			clock.Add(2 * time.Minute) // a fresh window, whatever FailLocal counted
+			backInRedis("2")
+			mu.Lock()
+			defer mu.Unlock()
+			if last := health[len(health)-1]; !last.Up || last.Cause != nil {
+				t.Errorf("last health event %+v, want up", last)
 			}
 		})
 	}
@@ -135,10 +161,11 @@ func TestRedisSharedBudget(t *testing.T) {
 	var handlers []http.Handler
 	for range 2 {
 		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}),
-			middleware.RedisConfig{Prefix: prefix, Timeout: time.Second})
+			middleware.RedisConfig{Prefix: prefix, Timeout: time.Second, StallThreshold: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
+		closeStore(t, store)
 		handlers = append(handlers, newLimiter(t, middleware.PerHour(10), keyfunc.RemoteIP(), middleware.WithStore(store)).Handler(ok))
 	}
 	passed := 0

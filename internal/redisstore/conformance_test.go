@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/storetest"
 )
@@ -44,9 +45,12 @@ func TestConformanceRing(t *testing.T) {
 // timeout generous enough for the race detector.
 func newTestStore(t testing.TB, client redis.Scripter, prefix string) *Store {
 	t.Helper()
-	s, err := New(client, Config{Prefix: prefix, Timeout: 5 * time.Second})
+	// A machine loaded by parallel tests can take tens of ms to answer;
+	// only the outage tests mark servers down that quickly.
+	s, err := New(client, Config{Prefix: prefix, Timeout: 5 * time.Second, Pipeline: redispipe.Config{StallThreshold: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }

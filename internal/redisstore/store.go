@@ -100,6 +100,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
@@ -150,16 +151,14 @@ type Config struct {
 	Prefix string
 	// Timeout bounds each Take, on top of any deadline of the caller's
 	// context. Zero means DefaultTimeout; a negative value means no limit
-	// beyond the caller's context. go-redis applies a context deadline to
-	// network reads and writes only when the client was created with
-	// Options.ContextTimeoutEnabled set; otherwise a server that stops
-	// answering is detected only after the client's ReadTimeout.
-	//
-	// With such a client Take still returns at the deadline: it waits for
-	// the script on a goroutine of its own (see Take). Setting
-	// ContextTimeoutEnabled avoids that goroutine and frees the connection
-	// at once.
+	// beyond the caller's context. Take returns at the deadline whatever
+	// the client's options (go-redis itself applies a context deadline to
+	// network reads only with Options.ContextTimeoutEnabled).
 	Timeout time.Duration
+	// Pipeline configures the batching of decisions and the health of
+	// each server (see package redispipe). Its OnStateChange hears when a
+	// server goes down or comes back.
+	Pipeline redispipe.Config
 }
 
 // Store is a sliding-window counter store backed by Redis. It is safe for
@@ -171,11 +170,14 @@ type Store struct {
 	// split is set for clients that route each command to a shard by its
 	// first key: requests with several Keys are then run once per Key.
 	split bool
-	// detach is set for clients that may not honour a context's deadline
-	// on network reads (go-redis without Options.ContextTimeoutEnabled, or
-	// a client of unknown type): Take then waits for the script on its own
-	// goroutine only until the deadline, instead of the client's
-	// ReadTimeout.
+	// pipe batches the scripts of concurrent decisions per server and
+	// fails fast on servers that are down. It is nil for clients of other
+	// types than *redis.Client, *redis.ClusterClient and *redis.Ring,
+	// which get one script.Run per decision.
+	pipe *redispipe.Pipeliner
+	// detach is set for clients without pipe that may not honour a
+	// context's deadline on network reads: Take then waits for the script
+	// on its own goroutine only until the deadline.
 	detach  bool
 	scratch sync.Pool
 }
@@ -210,17 +212,16 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
-		s.detach = !c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
-		s.split, s.detach = true, !c.Options().ContextTimeoutEnabled
+		s.split = true
 	case *redis.Ring:
 		if c == nil {
 			return nil, errors.New("redisstore: nil client")
 		}
-		s.split, s.detach = true, !c.Options().ContextTimeoutEnabled
+		s.split = true
 	default:
 		s.detach = true
 	}
@@ -237,7 +238,37 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	s.scratch.New = func() any { return new(scratch) }
+	if !s.detach {
+		p, err := redispipe.New(client, cfg.Pipeline)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: %w", err)
+		}
+		s.pipe = p
+	}
 	return s, nil
+}
+
+// Close stops the store's pipeline workers and probes; decisions waiting
+// for a reply fail. It does not close the client.
+func (s *Store) Close() error {
+	if s.pipe != nil {
+		return s.pipe.Close()
+	}
+	return nil
+}
+
+// PerServerHealth reports whether the store tracks the health of each
+// Redis server itself, failing fast on those that are down, so that a
+// limiter needs no circuit breaker of its own in front of it.
+func (s *Store) PerServerHealth() bool { return s.pipe != nil }
+
+// eval runs script through the pipeline or, for clients it does not know,
+// directly.
+func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
+	if s.pipe != nil {
+		return s.pipe.Run(ctx, script, keys, args...)
+	}
+	return script.Run(ctx, s.client, keys, args...).Result()
 }
 
 // Take decides charges at now, all or nothing, as described by the Store
@@ -247,10 +278,12 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 //
 // Take returns when its context is done (at the latest after
 // Config.Timeout) even if the client would wait longer for a server that
-// stopped answering: with a client that does not honour context deadlines
-// on reads, the script runs on a goroutine of its own that Take stops
-// waiting for. A decision that arrives after Take returned is discarded;
-// its charge, if any, stays counted, which errs on the side of denying.
+// stopped answering, and at once when the server of its counters is known
+// to be down (see package redispipe). A decision that arrives after Take
+// returned is discarded; its charge, if any, stays counted, which errs on
+// the side of denying. Concurrent decisions share round trips: no
+// goroutine is started per decision (except for clients of unknown types,
+// whose scripts run on a goroutine of their own when a deadline is set).
 func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
 	if !s.detach {
 		allowed, _, err := s.take(ctx, now, charges, out)
@@ -441,11 +474,15 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, c
 		args = append(args, sc.fields[i], int64(c.Limit.Requests), c.Limit.Window.Milliseconds(), c.Limit.Tick(), cost)
 	}
 	sc.run, sc.args = keys, args
-	reply, err := script.Run(ctx, s.client, keys, args...).Slice()
+	v, err := s.eval(ctx, script, keys, args)
 	clear(sc.run)
 	clear(sc.args)
 	if err != nil {
 		return false, 0, fmt.Errorf("redisstore: run script: %w", err)
+	}
+	reply, ok := v.([]any)
+	if !ok {
+		return false, 0, fmt.Errorf("redisstore: script returned %T, want an array", v)
 	}
 	return parseReply(reply, mode == modeCharge, charges, idx, out, sc.info)
 }
@@ -541,7 +578,7 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 				storedStart, info.stored.Prev, info.stored.Curr)
 		}
 		if len(keys) > 0 {
-			_ = refundScript.Run(ctx, s.client, keys, args...).Err()
+			_, _ = s.eval(ctx, refundScript, keys, args)
 		}
 		start = end
 	}

@@ -1,0 +1,401 @@
+package redispipe
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxStalledFactor bounds the lanes of a destination that are stuck in a
+// stalled batch, as a multiple of MaxInFlight: up to that many, each is
+// replaced at once by a fresh lane.
+const maxStalledFactor = 4
+
+// dest is one destination: a server, its queue of calls and its lanes.
+type dest struct {
+	p      *Pipeliner
+	name   string
+	client atomic.Pointer[redis.Client]
+
+	mu   sync.Mutex
+	cond sync.Cond // signalled when calls are queued or on close
+	// queue holds the calls waiting for a lane.
+	queue []*call
+	// lanes holds every lane, stalled or not; healthy counts those not
+	// stalled.
+	lanes   []*lane
+	healthy int
+	closed  bool
+	// down is set while the destination is down; downErr is then the error
+	// its calls get.
+	down    bool
+	downErr error
+	// probing is set while a probe goroutine runs.
+	probing bool
+	// peak is the longest recent batch time, decaying by half every
+	// peakHalfLife; peakAt is when it was last updated.
+	peak   time.Duration
+	peakAt time.Time
+	// probeReset asks a running probe goroutine to start again from the
+	// first interval: the destination went down again.
+	probeReset bool
+	// lastUse is when a call last came for the destination.
+	lastUse time.Time
+
+	// events are state changes not yet reported; delivering is set while a
+	// goroutine reports them.
+	events     []event
+	delivering bool
+}
+
+// event is a state change for Config.OnStateChange.
+type event struct {
+	up    bool
+	cause error
+}
+
+func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
+	// Until batches tell what is usual, the adaptive stall threshold
+	// starts high (MaxStallThreshold) and comes down as the peak decays.
+	d := &dest{p: p, name: name, peak: (MaxStallThreshold - MinStallThreshold) / 2, peakAt: time.Now()}
+	d.client.Store(c)
+	d.cond.L = &d.mu
+	d.mu.Lock()
+	for range p.cfg.MaxInFlight {
+		d.startLaneLocked()
+	}
+	d.mu.Unlock()
+	return d
+}
+
+// enqueue queues c, or returns the error of a destination that is down or
+// closed.
+func (d *dest) enqueue(c *call) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.lastUse = time.Now()
+	if d.down {
+		err := d.downErr
+		if !d.probing {
+			d.startProbeLocked()
+		}
+		d.mu.Unlock()
+		return err
+	}
+	d.queue = append(d.queue, c)
+	d.mu.Unlock()
+	d.cond.Signal()
+	return nil
+}
+
+// close fails the queued calls with ErrClosed and wakes the lanes so that
+// they end.
+func (d *dest) close() {
+	d.mu.Lock()
+	d.closed = true
+	queued := d.queue
+	d.queue = nil
+	d.mu.Unlock()
+	d.cond.Broadcast()
+	for _, c := range queued {
+		c.complete(nil, ErrClosed)
+		c.release()
+	}
+}
+
+// stallThresholdLocked returns the stall threshold of the next batch, or
+// zero if stalls are not detected.
+func (d *dest) stallThresholdLocked() time.Duration {
+	if t := d.p.cfg.StallThreshold; t != 0 {
+		return max(t, 0)
+	}
+	return min(MinStallThreshold+2*d.peak, MaxStallThreshold)
+}
+
+// peakHalfLife is how fast the batch time peak of the adaptive stall
+// threshold forgets.
+const peakHalfLife = time.Second
+
+// observeLocked records the time a batch took, at now.
+func (d *dest) observeLocked(took time.Duration, now time.Time) {
+	if dt := now.Sub(d.peakAt); dt > 0 && d.peak > 0 {
+		d.peak = time.Duration(float64(d.peak) * math.Exp2(-float64(dt)/float64(peakHalfLife)))
+	}
+	d.peak = max(d.peak, took)
+	d.peakAt = now
+}
+
+// lane is a worker goroutine of a destination: it takes queued calls and
+// sends them as one pipeline, one batch at a time.
+type lane struct {
+	d *dest
+	// The fields below are guarded by d.mu.
+	batch   []*call // the batch being sent
+	spare   []*call // an empty buffer for the next batch
+	busy    bool
+	stalled bool
+	start   time.Time
+	due     time.Time // when the batch stalls, if it does
+	// secondLook is set once the stall timer of the batch fired late and
+	// was armed again.
+	secondLook bool
+	// timer calls onTimer when the batch in flight reaches its stall
+	// threshold.
+	timer *time.Timer
+	// sent is scratch space for exec.
+	sent []*call
+}
+
+// startLaneLocked starts a lane.
+func (d *dest) startLaneLocked() {
+	l := &lane{d: d}
+	l.timer = time.AfterFunc(time.Hour, l.onTimer)
+	l.timer.Stop()
+	d.lanes = append(d.lanes, l)
+	d.healthy++
+	d.p.wg.Add(1)
+	go l.run()
+}
+
+// removeLocked forgets the lane, which is about to end.
+func (l *lane) removeLocked() {
+	d := l.d
+	for i, o := range d.lanes {
+		if o == l {
+			d.lanes = append(d.lanes[:i], d.lanes[i+1:]...)
+			break
+		}
+	}
+	l.timer.Stop()
+}
+
+func (l *lane) run() {
+	d := l.d
+	defer d.p.wg.Done()
+	for {
+		d.mu.Lock()
+		for len(d.queue) == 0 && !d.closed {
+			d.cond.Wait()
+		}
+		if d.closed {
+			l.removeLocked()
+			d.healthy--
+			d.mu.Unlock()
+			return
+		}
+		if n := d.p.cfg.MaxBatch; len(d.queue) > n {
+			l.batch = append(l.spare[:0], d.queue[:n]...)
+			rest := copy(d.queue, d.queue[n:])
+			clear(d.queue[rest:])
+			d.queue = d.queue[:rest]
+		} else {
+			// Swap buffers: the queue keeps the lane's empty one.
+			l.batch, d.queue = d.queue, l.spare[:0]
+		}
+		l.spare = nil
+		more := len(d.queue) > 0
+		thr := d.stallThresholdLocked()
+		now := time.Now()
+		l.busy, l.start, l.secondLook = true, now, false
+		if thr > 0 {
+			l.due = now.Add(thr)
+		}
+		d.mu.Unlock()
+		if more {
+			d.cond.Signal() // another lane may take the rest
+		}
+		if thr > 0 {
+			l.timer.Reset(thr)
+		}
+
+		answered := l.exec(l.batch)
+
+		if thr > 0 {
+			l.timer.Stop()
+		}
+		end := time.Now()
+		d.mu.Lock()
+		batch := l.batch
+		l.batch, l.busy = nil, false
+		stalled := l.stalled
+		d.observeLocked(end.Sub(now), end)
+		d.mu.Unlock()
+		if stalled && answered {
+			// The batch was slow, not lost: the server answers.
+			d.markUp()
+		}
+		for i, c := range batch {
+			c.release()
+			batch[i] = nil
+		}
+		l.spare = batch[:0]
+		if stalled {
+			d.mu.Lock()
+			if d.closed || d.healthy >= d.p.cfg.MaxInFlight {
+				// A fresh lane took this one's place.
+				l.removeLocked()
+				d.mu.Unlock()
+				return
+			}
+			l.stalled = false
+			d.healthy++
+			d.mu.Unlock()
+		}
+	}
+}
+
+// exec sends the pending calls of batch and completes them. It reports
+// whether the server answered.
+func (l *lane) exec(batch []*call) bool {
+	d := l.d
+	sent := l.sent[:0]
+	var latest time.Time
+	all := true
+	for _, c := range batch {
+		if !c.isPending() {
+			continue // the caller gave up already
+		}
+		sent = append(sent, c)
+		if !c.hasDeadline {
+			all = false
+		} else if c.deadline.After(latest) {
+			latest = c.deadline
+		}
+	}
+	defer func() {
+		clear(sent)
+		l.sent = sent[:0]
+	}()
+	if len(sent) == 0 {
+		return false
+	}
+	// The batch may take as long as its most patient caller waits. Clients
+	// that do not honour deadlines on reads still honour them while
+	// dialing, retrying and waiting for a connection.
+	ctx := d.p.ctx
+	if all {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	if send := d.p.send; send != nil {
+		return send(d, ctx, sent)
+	}
+	client := d.client.Load()
+	pipe := client.Pipeline()
+	for _, c := range sent {
+		c.cmd = redis.NewCmd(ctx, c.args...)
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	_, err := pipe.Exec(ctx)
+	if isConnError(err) && d.p.ctx.Err() == nil {
+		d.markDown(err)
+		// markDown completed the calls of the batch, unless the
+		// destination was closed first.
+		uerr := &unavailableError{dest: d.name, cause: err}
+		for _, c := range sent {
+			c.complete(nil, uerr)
+		}
+		return false
+	}
+	d.finish(ctx, client, sent)
+	return err == nil || isRedisError(err)
+}
+
+// finish completes the calls of a batch that was answered, sending again
+// those that failed for want of the script, and handing over to the
+// redirector those that a Cluster node turned away.
+func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
+	var noscript, redirect []*call
+	for _, c := range sent {
+		val, err := c.cmd.Result()
+		switch {
+		case err == nil || !isRedisError(err):
+			c.complete(val, err)
+		case redis.HasErrorPrefix(err, "NOSCRIPT"):
+			noscript = append(noscript, c)
+		case d.p.kind == kindCluster && isRedirect(err):
+			redirect = append(redirect, c)
+		default:
+			c.complete(val, err)
+		}
+	}
+	if len(noscript) > 0 {
+		redirect = d.reload(ctx, client, noscript, redirect)
+	}
+	if len(redirect) > 0 {
+		d.p.redirects.add(redirect)
+	}
+}
+
+// reload loads the scripts of calls on the destination's server and sends
+// the calls again in the same pipeline, then completes them. It returns
+// redirect with the calls that need a Cluster redirection appended.
+func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect []*call) []*call {
+	pipe := client.Pipeline()
+	var loaded []*scriptInfo
+	for _, c := range calls {
+		if !c.isPending() {
+			continue
+		}
+		if !containsScript(loaded, c.script) {
+			loaded = append(loaded, c.script)
+			// Not Script.Load, which would take the unanswered reply
+			// for the script's hash.
+			pipe.ScriptLoad(ctx, c.script.src)
+		}
+		c.cmd = redis.NewCmd(ctx, c.args...)
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	if len(loaded) == 0 {
+		return redirect
+	}
+	_, err := pipe.Exec(ctx)
+	if isConnError(err) && d.p.ctx.Err() == nil {
+		d.markDown(err)
+	}
+	var again []*call
+	for _, c := range calls {
+		if !c.isPending() {
+			continue
+		}
+		val, err := c.cmd.Result()
+		switch {
+		case redis.HasErrorPrefix(err, "NOSCRIPT"):
+			// Someone flushed the cache between SCRIPT LOAD and
+			// EVALSHA: send the script itself, which cannot miss.
+			again = append(again, c)
+		case err != nil && d.p.kind == kindCluster && isRedirect(err):
+			redirect = append(redirect, c)
+		default:
+			c.complete(val, err)
+		}
+	}
+	if len(again) > 0 {
+		pipe := client.Pipeline()
+		for _, c := range again {
+			c.cmd = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, c := range again {
+			c.complete(c.cmd.Result())
+		}
+	}
+	return redirect
+}
+
+func containsScript(list []*scriptInfo, s *scriptInfo) bool {
+	for _, o := range list {
+		if o == s {
+			return true
+		}
+	}
+	return false
+}

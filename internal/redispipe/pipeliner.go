@@ -1,0 +1,329 @@
+// Package redispipe runs Lua scripts on Redis for many goroutines at once,
+// sharing round trips, and keeps requests away from servers that stopped
+// answering. It never knows what a script decides: it sends scripts and
+// returns their replies.
+//
+// # Batching
+//
+// A Pipeliner sends calls to one destination per server: the server of a
+// *redis.Client (including one from redis.NewFailoverClient, for
+// Sentinel), each master of a *redis.ClusterClient (found from the hash
+// slot of the call's first key with the client's own slot map), or each
+// shard of a *redis.Ring (found with Ring.GetShardClientForKey). Each
+// destination has a queue and MaxInFlight worker goroutines, its lanes. A
+// call joins its destination's queue; an idle lane takes everything queued,
+// up to MaxBatch calls, and sends it as one pipeline of EVALSHA commands.
+// While the batch is on the wire, new calls queue and leave together in the
+// next batch. There is no timer: a call to an idle destination leaves at
+// once, and batches grow only when calls arrive faster than round trips end.
+//
+// A script missing from a server's cache (NOSCRIPT) is loaded there with
+// SCRIPT LOAD and the call is sent again in the same step, so a cold cache
+// never fails a call. On a Cluster, a call answered with MOVED, ASK,
+// TRYAGAIN, CLUSTERDOWN or READONLY makes the client reload its slot map
+// and is sent once more through the ClusterClient, which follows the
+// redirection.
+//
+// # Deadlines
+//
+// No goroutine is started per call: the caller waits for its reply or for
+// its context to end, whichever comes first, even with a client whose
+// Options.ContextTimeoutEnabled is off (go-redis then waits for a reply up
+// to ReadTimeout whatever the context says). A reply that arrives after its
+// caller left is discarded; what the script did on the server stays done.
+//
+// # Health
+//
+// A destination is marked down when one of its batches has been
+// outstanding for longer than the stall threshold (Config.StallThreshold),
+// or when a batch fails with a connection error. Calls for a destination
+// that is down fail at once with an error that wraps ErrUnavailable and the
+// cause, and so do the calls queued or in flight to it when it goes down.
+// Other destinations carry on. A down destination is probed with PING,
+// first after Config.ProbeInterval and then at doubling intervals up to
+// Config.MaxProbeInterval, and is up again as soon as a probe succeeds. On
+// a Cluster, a destination going down, and each probe, make the client
+// reload its slot map (ClusterClient.ReloadState), so that calls move to a
+// promoted replica as soon as the cluster has one. Config.OnStateChange
+// hears about every change.
+package redispipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxBatch is the largest batch when Config.MaxBatch is zero.
+	DefaultMaxBatch = 128
+	// DefaultMaxInFlight is the number of batches that may be outstanding
+	// to one destination when Config.MaxInFlight is zero.
+	DefaultMaxInFlight = 1
+	// DefaultProbeInterval is the wait before the first probe of a
+	// destination that went down, when Config.ProbeInterval is zero.
+	DefaultProbeInterval = 25 * time.Millisecond
+	// DefaultMaxProbeInterval bounds the doubling wait between probes when
+	// Config.MaxProbeInterval is zero.
+	DefaultMaxProbeInterval = 200 * time.Millisecond
+
+	// MinStallThreshold and MaxStallThreshold bound the adaptive stall
+	// threshold used when Config.StallThreshold is zero: MinStallThreshold
+	// plus twice the destination's longest recent batch time (a peak that
+	// halves every second), at most MaxStallThreshold. A new destination
+	// starts at MaxStallThreshold.
+	MinStallThreshold = 20 * time.Millisecond
+	// MaxStallThreshold: see MinStallThreshold.
+	MaxStallThreshold = 35 * time.Millisecond
+)
+
+var (
+	// ErrUnavailable is wrapped by the error of a call whose destination
+	// is down, together with the reason it went down.
+	ErrUnavailable = errors.New("redispipe: destination unavailable")
+	// ErrStalled is the reason a destination went down when one of its
+	// batches was outstanding for longer than the stall threshold.
+	ErrStalled = errors.New("redispipe: batch outstanding too long")
+	// ErrClosed is returned by Run after Close, and by calls that Close
+	// found waiting.
+	ErrClosed = errors.New("redispipe: closed")
+)
+
+// Config configures a Pipeliner. The zero value is ready to use.
+type Config struct {
+	// MaxBatch is the largest number of calls sent to one destination in
+	// one pipeline. Zero means DefaultMaxBatch.
+	MaxBatch int
+	// MaxInFlight is the number of batches that may be outstanding to one
+	// destination at once; each is a worker goroutine and a connection.
+	// Zero means DefaultMaxInFlight.
+	MaxInFlight int
+	// StallThreshold is how long a batch may be outstanding before its
+	// destination is marked down. Zero means adaptive: MinStallThreshold
+	// plus twice the destination's longest recent batch time, at most
+	// MaxStallThreshold, and MaxStallThreshold for a destination that has
+	// no history yet. A negative value turns stall detection off;
+	// connection errors still mark destinations down.
+	//
+	// A batch that was only slow, not lost, marks its destination up again
+	// as soon as it is answered. On a host so short of CPU that this
+	// process or the server is not scheduled for tens of milliseconds,
+	// that can happen: set a longer threshold there.
+	StallThreshold time.Duration
+	// ProbeInterval is the wait before the first probe of a destination
+	// that went down; it doubles after each failed probe, up to
+	// MaxProbeInterval. Zero means DefaultProbeInterval and
+	// DefaultMaxProbeInterval.
+	ProbeInterval, MaxProbeInterval time.Duration
+	// OnStateChange, if not nil, is called when a destination goes down
+	// (up false, with the cause) or comes back (up true, nil cause). dest
+	// names the destination: the server's address, as in the client's
+	// options. Calls for one destination are made one at a time, in order.
+	OnStateChange func(dest string, up bool, cause error)
+}
+
+// kind is the sort of client a Pipeliner sends through.
+type kind int
+
+const (
+	kindSingle kind = iota
+	kindCluster
+	kindRing
+)
+
+// Pipeliner runs scripts on Redis, batching concurrent calls per
+// destination (see the package documentation). It is safe for concurrent
+// use.
+type Pipeliner struct {
+	cfg     Config
+	kind    kind
+	single  *dest
+	cluster *redis.ClusterClient
+	ring    *redis.Ring
+
+	// ctx is the parent of every batch's context; Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	closed atomic.Bool
+	wg     sync.WaitGroup
+
+	// send, if not nil, replaces the way a lane sends a batch and reports
+	// whether the server answered; the benchmarks of alternatives set it.
+	send func(d *dest, ctx context.Context, sent []*call) bool
+
+	// redirects sends again the calls that Cluster nodes turned away.
+	redirects redirector
+
+	// byClient finds the destination of a node client quickly.
+	byClient sync.Map // *redis.Client → *dest
+	mu       sync.Mutex
+	// byName holds every destination, by address; guarded by mu.
+	byName map[string]*dest
+}
+
+// New returns a Pipeliner that sends calls through client, which must be a
+// *redis.Client (including one from redis.NewFailoverClient), a
+// *redis.ClusterClient or a *redis.Ring.
+func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
+	if cfg.MaxBatch < 0 || cfg.MaxInFlight < 0 || cfg.ProbeInterval < 0 || cfg.MaxProbeInterval < 0 {
+		return nil, errors.New("redispipe: negative MaxBatch, MaxInFlight or probe interval")
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = DefaultProbeInterval
+	}
+	if cfg.MaxProbeInterval == 0 {
+		cfg.MaxProbeInterval = max(DefaultMaxProbeInterval, cfg.ProbeInterval)
+	}
+	if cfg.MaxProbeInterval < cfg.ProbeInterval {
+		return nil, fmt.Errorf("redispipe: MaxProbeInterval %s is shorter than ProbeInterval %s", cfg.MaxProbeInterval, cfg.ProbeInterval)
+	}
+	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest)}
+	switch c := client.(type) {
+	case *redis.Client:
+		if c == nil {
+			return nil, errors.New("redispipe: nil client")
+		}
+		p.kind = kindSingle
+	case *redis.ClusterClient:
+		if c == nil {
+			return nil, errors.New("redispipe: nil client")
+		}
+		p.kind, p.cluster = kindCluster, c
+	case *redis.Ring:
+		if c == nil {
+			return nil, errors.New("redispipe: nil client")
+		}
+		p.kind, p.ring = kindRing, c
+	case nil:
+		return nil, errors.New("redispipe: nil client")
+	default:
+		return nil, fmt.Errorf("redispipe: unsupported client type %T", client)
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.redirects.p = p
+	p.redirects.cond.L = &p.redirects.mu
+	if c, ok := client.(*redis.Client); ok {
+		d, err := p.destFor(c)
+		if err != nil {
+			return nil, err
+		}
+		p.single = d
+	}
+	return p, nil
+}
+
+// Run runs script with keys and args on the destination of keys[0] (the
+// only one for a *redis.Client, which also accepts no keys), batched with
+// other calls, and returns the script's reply as go-redis decodes it (see
+// redis.Cmd.Result): a Lua table becomes an []any, and a Lua false or nil
+// makes redis.Nil the error.
+//
+// Run returns when the reply arrives, when ctx ends, or at once if the
+// destination is down, whichever comes first; the error then wraps
+// ctx's error or ErrUnavailable. An error reply of the script is returned
+// as the error. Keys and args are copied: the caller may reuse them once
+// Run returns. Values of args are sent as go-redis sends command
+// arguments.
+func (p *Pipeliner) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redispipe: %w", context.Cause(ctx))
+	}
+	d, err := p.route(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	c := newCall(ctx, script, keys, args)
+	if err := d.enqueue(c); err != nil {
+		c.release()
+		c.release()
+		return nil, err
+	}
+	return c.wait(ctx)
+}
+
+// route returns the destination of a call with keys.
+func (p *Pipeliner) route(ctx context.Context, keys []string) (*dest, error) {
+	if p.kind == kindSingle {
+		return p.single, nil
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("redispipe: a call without keys has no destination on a Cluster or Ring")
+	}
+	var (
+		c   *redis.Client
+		err error
+	)
+	if p.kind == kindCluster {
+		c, err = p.cluster.MasterForKey(ctx, keys[0])
+	} else {
+		c, err = p.ring.GetShardClientForKey(keys[0])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redispipe: no server for key: %w", err)
+	}
+	if d, ok := p.byClient.Load(c); ok {
+		return d.(*dest), nil
+	}
+	return p.destFor(c)
+}
+
+// destFor returns the destination of the node client c, creating it on
+// first use. A new client for a known address takes over that address's
+// destination.
+func (p *Pipeliner) destFor(c *redis.Client) (*dest, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	name := c.Options().Addr
+	d, ok := p.byName[name]
+	if !ok {
+		d = newDest(p, name, c)
+		p.byName[name] = d
+	} else {
+		d.client.Store(c)
+	}
+	p.byClient.Store(c, d)
+	return d, nil
+}
+
+// Close fails the calls still queued with ErrClosed, stops the worker and
+// probe goroutines and waits for them. A batch in flight ends first: at
+// once with a client that honours context deadlines, otherwise when the
+// server answers or the client's ReadTimeout passes. Close does not close
+// the client.
+func (p *Pipeliner) Close() error {
+	p.mu.Lock()
+	if p.closed.Swap(true) {
+		p.mu.Unlock()
+		return nil
+	}
+	dests := make([]*dest, 0, len(p.byName))
+	for _, d := range p.byName {
+		dests = append(dests, d)
+	}
+	p.mu.Unlock()
+	p.cancel()
+	for _, d := range dests {
+		d.close()
+	}
+	p.redirects.close()
+	p.wg.Wait()
+	return nil
+}

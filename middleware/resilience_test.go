@@ -1,0 +1,350 @@
+package middleware_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// The outage tests drive a limiter as a new user would run one: in
+// process, 64 goroutines sending 2,000 requests a second over 300 client
+// keys (20 per 10 s each, so that both 200s and 429s occur), with go-redis
+// clients created with default options but PoolSize 128, while real
+// redis-server processes are killed, hung and restarted. They assert on
+// counts of requests (held up, decided without Redis), not on wall-clock
+// figures that a loaded machine could miss; BENCHMARKS.md has the figures
+// measured on a quiet one.
+const (
+	loadGoroutines = 64
+	loadRate       = 2000 // requests a second, all goroutines together
+	loadKeys       = 300
+	heldTooLong    = 50 * time.Millisecond
+)
+
+// outcome is what became of one request of the load.
+type outcome struct {
+	at      time.Time     // when it was sent
+	took    time.Duration // how long Decide took
+	key     int           // which client
+	decided bool          // by Redis (not by the failure policy)
+}
+
+// load sends requests to lim until stop is closed, paced at loadRate, and
+// returns every outcome. keyOf names client i.
+type load struct {
+	mu       sync.Mutex
+	outcomes []outcome
+	stop     chan struct{}
+	done     sync.WaitGroup
+}
+
+func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) *load {
+	t.Helper()
+	l := &load{stop: make(chan struct{})}
+	var next atomic.Int64
+	interval := time.Second * loadGoroutines / loadRate
+	for g := range loadGoroutines {
+		l.done.Add(1)
+		go func() {
+			defer l.done.Done()
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			// Stagger the goroutines over one interval.
+			time.Sleep(interval * time.Duration(g) / loadGoroutines)
+			for n := 0; n < 60*loadRate/loadGoroutines; n++ { // at most a minute
+				select {
+				case <-l.stop:
+					return
+				case <-tick.C:
+				}
+				i := int(next.Add(1)) % loadKeys
+				r := get(keyOf(i) + ":1")
+				start := time.Now()
+				res, err := lim.Decide(keyfunc.FromHTTP(r))
+				o := outcome{at: start, took: time.Since(start), key: i, decided: err == nil && res.Limited && res.Err == nil}
+				l.mu.Lock()
+				l.outcomes = append(l.outcomes, o)
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l
+}
+
+// finish stops the load and returns what happened.
+func (l *load) finish() []outcome {
+	close(l.stop)
+	l.done.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.outcomes
+}
+
+// loadKey returns the address of client i among 300.
+func loadKey(i int) string {
+	if i < 250 {
+		return "198.51.100." + strconv.Itoa(i)
+	}
+	return "203.0.113." + strconv.Itoa(i-250)
+}
+
+// summary counts outcomes in [from, to).
+type summary struct {
+	total, undecided, held int
+}
+
+func summarize(os []outcome, from, to time.Time, keep func(outcome) bool) summary {
+	var s summary
+	for _, o := range os {
+		if o.at.Before(from) || !o.at.Before(to) || keep != nil && !keep(o) {
+			continue
+		}
+		s.total++
+		if !o.decided {
+			s.undecided++
+		}
+		if o.took > heldTooLong {
+			s.held++
+		}
+	}
+	return s
+}
+
+// firstDecidedAfter returns how long after t the load's requests were
+// decided by Redis again for good: the time from t to the first request
+// after which every later one (of those keep selects) was decided.
+func firstDecidedAfter(os []outcome, t time.Time, keep func(outcome) bool) (time.Duration, bool) {
+	var lastUndecided time.Time
+	seen := false
+	for _, o := range os {
+		if o.at.Before(t) || keep != nil && !keep(o) {
+			continue
+		}
+		seen = true
+		if !o.decided && o.at.After(lastUndecided) {
+			lastUndecided = o.at
+		}
+	}
+	if !seen {
+		return 0, false
+	}
+	if lastUndecided.IsZero() {
+		return 0, true
+	}
+	return lastUndecided.Sub(t), true
+}
+
+func newOutageLimiter(t *testing.T, store middleware.Store) *middleware.Limiter {
+	return newLimiter(t, middleware.Limit{Requests: 20, Window: 10 * time.Second}, keyfunc.RemoteIP(), middleware.WithStore(store))
+}
+
+// TestOutageStandalone kills a standalone Redis under load, restarts it on
+// the same port, and counts: requests held up more than 50 ms (at most 16
+// per app server), requests undecided after Redis accepts connections
+// again (at most 500 ms worth), and, at startup, requests let through
+// undecided while 64 goroutines open the first connections (none).
+func TestOutageStandalone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts a real Redis under load for several seconds")
+	}
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	lim := newOutageLimiter(t, store)
+	start := time.Now()
+	l := startLoad(t, lim, loadKey)
+	time.Sleep(time.Second)
+	killed := time.Now()
+	srv.Kill()
+	time.Sleep(time.Second)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now() // Restart returns once the server answers PING
+	time.Sleep(1500 * time.Millisecond)
+	os := l.finish()
+
+	startup := summarize(os, start, start.Add(500*time.Millisecond), nil)
+	down := summarize(os, killed, back, nil)
+	recovery, ok := firstDecidedAfter(os, back, nil)
+	t.Logf("startup: %d requests, %d undecided; down: %d requests, %d held over %v; decided again %v after Redis accepted connections",
+		startup.total, startup.undecided, down.total, down.held, heldTooLong, recovery)
+	if startup.undecided != 0 {
+		t.Errorf("%d requests undecided at startup, want 0", startup.undecided)
+	}
+	if down.held > 16 {
+		t.Errorf("%d requests held more than %v while Redis was down, want at most 16", down.held, heldTooLong)
+	}
+	// Within 500 ms: at most 500 ms worth of requests undecided after the
+	// server accepted connections again.
+	after := summarize(os, back, time.Now(), nil)
+	if !ok || after.undecided > loadRate/2 {
+		t.Errorf("%d requests undecided after Redis accepted connections (decided again after %v), want at most %d (500ms)",
+			after.undecided, recovery, loadRate/2)
+	}
+}
+
+// TestOutageHung hangs a standalone Redis (SIGSTOP) under load: at most 16
+// requests wait more than 50 ms, and decisions come back when it resumes.
+func TestOutageHung(t *testing.T) {
+	if testing.Short() {
+		t.Skip("hangs a real Redis under load for several seconds")
+	}
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	lim := newOutageLimiter(t, store)
+	l := startLoad(t, lim, loadKey)
+	time.Sleep(time.Second)
+	hung := time.Now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	time.Sleep(1500 * time.Millisecond)
+	os := l.finish()
+	down := summarize(os, hung, back, nil)
+	after := summarize(os, back.Add(500*time.Millisecond), time.Now(), nil)
+	t.Logf("hung: %d requests, %d held over %v; after: %d requests, %d undecided", down.total, down.held, heldTooLong, after.total, after.undecided)
+	if down.held > 16 {
+		t.Errorf("%d requests held more than %v while Redis hung, want at most 16", down.held, heldTooLong)
+	}
+	if after.undecided != 0 {
+		t.Errorf("%d requests undecided from 500ms after Redis resumed, want 0", after.undecided)
+	}
+}
+
+// bucketSlot returns the Cluster slot of the counters of client address
+// addr under keyfunc.RemoteIP: the store keeps them in the bucket tagged
+// with 3 base64url characters of SHA-256("ip:" + addr).
+func bucketSlot(addr string) int {
+	sum := sha256.Sum256([]byte("ip:" + addr))
+	return redistest.KeySlot("{" + base64.RawURLEncoding.EncodeToString(sum[:3])[:3] + "}")
+}
+
+// TestOutageCluster kills one master of a Cluster of 3 masters and 3
+// replicas under load: requests for keys on the healthy masters are all
+// decided by Redis throughout, and those of the killed master's keys are
+// decided again within a second of its replica's promotion.
+func TestOutageCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a Cluster master under load for several seconds")
+	}
+	t.Parallel()
+	cl := redistest.ClusterWithReplicas(t)
+	ctx := context.Background()
+	store, err := middleware.NewRedisStore(cl.Client(t, &redis.ClusterOptions{PoolSize: 128}), middleware.RedisConfig{Prefix: cl.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	lim := newOutageLimiter(t, store)
+	// The master of each client's counters.
+	masters := map[int]string{}
+	for i := range loadKeys {
+		m, err := cl.MasterForSlot(ctx, bucketSlot(loadKey(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		masters[i] = m.Addr()
+	}
+	victim, err := cl.MasterForSlot(ctx, bucketSlot(loadKey(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onVictim := func(o outcome) bool { return masters[o.key] == victim.Addr() }
+	healthy := func(o outcome) bool { return !onVictim(o) }
+
+	l := startLoad(t, lim, loadKey)
+	time.Sleep(time.Second)
+	killed := time.Now()
+	victim.Kill()
+	_, took, err := cl.WaitFailover(ctx, victim)
+	if err != nil {
+		l.finish()
+		t.Fatal(err)
+	}
+	promoted := killed.Add(took)
+	time.Sleep(2 * time.Second)
+	os := l.finish()
+
+	h := summarize(os, killed, time.Now(), healthy)
+	v := summarize(os, promoted.Add(time.Second), time.Now(), onVictim)
+	recovery, _ := firstDecidedAfter(os, promoted, onVictim)
+	t.Logf("failover took %v; healthy masters: %d requests, %d undecided, %d held over %v; killed master's keys decided again %v after the promotion (%d undecided from 1 s after it)",
+		took, h.total, h.undecided, h.held, heldTooLong, recovery, v.undecided)
+	if h.undecided != 0 {
+		t.Errorf("%d of %d requests for keys on healthy masters were not decided by Redis, want 0", h.undecided, h.total)
+	}
+	if v.total == 0 || v.undecided != 0 {
+		t.Errorf("%d of %d requests for the killed master's keys undecided from 1 s after the promotion, want 0", v.undecided, v.total)
+	}
+}
+
+// TestOutageSentinel kills the master of a Sentinel setup (1 master, 1
+// replica, 3 sentinels) under load: decisions come back within 500 ms of
+// the promotion.
+func TestOutageSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fails a Sentinel master over under load for several seconds")
+	}
+	t.Parallel()
+	s := redistest.Sentinel(t)
+	ctx := context.Background()
+	store, err := middleware.NewRedisStore(s.Client(t, &redis.FailoverOptions{PoolSize: 128}), middleware.RedisConfig{Prefix: s.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	lim := newOutageLimiter(t, store)
+	master, err := s.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := startLoad(t, lim, loadKey)
+	time.Sleep(time.Second)
+	killed := time.Now()
+	master.Kill()
+	_, took, err := s.WaitFailover(ctx, master)
+	if err != nil {
+		l.finish()
+		t.Fatal(err)
+	}
+	promoted := killed.Add(took)
+	time.Sleep(2 * time.Second)
+	os := l.finish()
+	down := summarize(os, killed, promoted, nil)
+	after := summarize(os, promoted.Add(500*time.Millisecond), time.Now(), nil)
+	recovery, _ := firstDecidedAfter(os, promoted, nil)
+	t.Logf("failover took %v; %d requests during it, %d held over %v; decided again %v after the promotion (%d undecided from 500ms after it)",
+		took, down.total, down.held, heldTooLong, recovery, after.undecided)
+	if after.total == 0 || after.undecided != 0 {
+		t.Errorf("%d of %d requests undecided from 500ms after the promotion, want 0", after.undecided, after.total)
+	}
+	if down.held > 16 {
+		t.Errorf("%d requests held more than %v during the failover, want at most 16", down.held, heldTooLong)
+	}
+}
