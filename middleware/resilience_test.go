@@ -348,3 +348,56 @@ func TestOutageSentinel(t *testing.T) {
 		t.Errorf("%d requests held more than %v during the failover, want at most 16", down.held, heldTooLong)
 	}
 }
+
+// TestRecommendedClientOptions checks what the README says of
+// ContextTimeoutEnabled: with it, go-redis ends a read from a hung server
+// at the decision's deadline and frees the connection; without it, the
+// read goes on until ReadTimeout (3 s by default).
+func TestRecommendedClientOptions(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		opts      *redis.Options
+		wantFreed bool
+	}{
+		{"recommended", &redis.Options{ContextTimeoutEnabled: true}, true},
+		{"default", &redis.Options{}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Standalone(t)
+			client := srv.Client(t, tt.opts)
+			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: srv.Prefix(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeStore(t, store)
+			lim := newOutageLimiter(t, store)
+			r := keyfunc.FromHTTP(get("192.0.2.1:1"))
+			if res, err := lim.Decide(r); err != nil || res.Err != nil || !res.Limited {
+				t.Fatalf("with Redis up: %+v, %v", res, err)
+			}
+			if err := srv.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Resume()
+			start := time.Now()
+			res, err := lim.Decide(r)
+			if err != nil || res.Err == nil {
+				t.Fatalf("with Redis hung: %+v, %v; want a store error under FailOpen", res, err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("the request waited %v", took)
+			}
+			// The store's deadline (100 ms), and those of the probes, have
+			// passed well before 1 s; ReadTimeout (3 s) has not.
+			time.Sleep(time.Second)
+			st := client.PoolStats()
+			held := st.TotalConns - st.IdleConns
+			t.Logf("%s: 1 s into the hang, %d connections held (pool %+v)", tt.name, held, *st)
+			if got := held == 0; got != tt.wantFreed {
+				t.Errorf("connections freed at the deadline: %v (%d held), want %v", got, held, tt.wantFreed)
+			}
+		})
+	}
+}
