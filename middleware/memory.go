@@ -10,10 +10,12 @@ var _ Store = (*memstore.Store)(nil)
 
 // MemoryConfig configures NewMemoryStore. The zero value is ready to use.
 type MemoryConfig struct {
-	// MaxKeys bounds the number of counters kept; when it is reached, the
-	// least recently used counter is evicted. 0 means 1<<20 (about one
-	// million counters). Evicting a counter forgets that client's recent
-	// requests, so size it above the number of clients active in a window.
+	// MaxKeys bounds the number of counters kept; when it is reached, an
+	// old counter is evicted: the least recently used of a small random
+	// sample, expired ones first. 0 means 1<<20 (about one million
+	// counters, about 50 MB). Evicting a counter forgets that client's
+	// recent requests, so size it above the number of clients active in a
+	// window.
 	MaxKeys int
 	// Shards is the number of independently locked parts; 0 picks a
 	// default. More shards mean less lock contention across cores.

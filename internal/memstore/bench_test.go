@@ -109,3 +109,18 @@ func BenchmarkTake(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkSweep measures a sweep that drops every counter of a store
+// filled with 1,000,000 keys, which then gives back their memory.
+func BenchmarkSweep(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		s := newStore(b, Config{})
+		fill(b, s, ipKey, 0, memKeys, t0)
+		b.StartTimer()
+		if n := s.sweep(at(time.Hour)); n != memKeys {
+			b.Fatalf("sweep dropped %d, want %d", n, memKeys)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed())/float64(b.N)/memKeys, "ns/counter")
+}

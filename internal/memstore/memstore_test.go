@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,47 +67,103 @@ func remaining(t testing.TB, s *Store, now time.Time, key string, l window.Limit
 	return out[0].Remaining
 }
 
-// has reports whether s holds a counter for key and w.
-func (s *Store) has(name, key string, w time.Duration) bool {
-	k := counterKey{name: name, key: key, w: w.Milliseconds()}
-	sh := &s.shards[s.shardOf(key)]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	_, ok := sh.m[k]
-	return ok
+// identOf returns the identity of the counter for (name, key, w).
+func (s *Store) identOf(name, key string, w time.Duration) (ident, *shard) {
+	k1, k2 := s.keyHash(key)
+	return s.ident(k1, k2, name, w.Milliseconds()), &s.shards[s.shardOf(k2)]
 }
 
-// checkInvariants fails t unless every shard's list and map hold the same
-// entries, within the shard's capacity.
+// keyShard returns the index of key's shard.
+func (s *Store) keyShard(key string) uint32 {
+	_, k2 := s.keyHash(key)
+	return s.shardOf(k2)
+}
+
+// has reports whether s holds a counter for key and w.
+func (s *Store) has(name, key string, w time.Duration) bool {
+	id, sh := s.identOf(name, key, w)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.lookup(id) >= 0
+}
+
+// stateOf returns the state held for key and w, and whether there is one.
+func (s *Store) stateOf(name, key string, w time.Duration) (window.State, bool) {
+	id, sh := s.identOf(name, key, w)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i := sh.lookup(id)
+	if i < 0 {
+		return window.State{}, false
+	}
+	st, _ := sh.state(i)
+	return st, true
+}
+
+// checkInvariants fails t unless every shard's records, chunks, index and
+// wide map agree, within the shard's capacity.
 func checkInvariants(t testing.TB, s *Store) {
 	t.Helper()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n := 0
-		for e := sh.head.next; e != &sh.head; e = e.next {
-			if e.next.prev != e {
-				t.Errorf("shard %d: broken links", i)
-				break
-			}
-			if sh.m[e.k] != e {
-				t.Errorf("shard %d: listed entry %q not in the map", i, e.k.key)
-			}
-			if s.shardOf(e.k.key) != uint32(i) {
-				t.Errorf("shard %d: holds %q, which belongs in shard %d", i, e.k.key, s.shardOf(e.k.key))
-			}
-			if n++; n > len(sh.m) {
-				t.Errorf("shard %d: list longer than the map (%d)", i, len(sh.m))
-				break
-			}
-		}
-		if n != len(sh.m) {
-			t.Errorf("shard %d: %d listed, %d in the map", i, n, len(sh.m))
-		}
-		if n > sh.cap {
-			t.Errorf("shard %d: %d entries, capacity %d", i, n, sh.cap)
-		}
+		checkShard(t, i, sh)
 		sh.mu.Unlock()
+	}
+}
+
+func checkShard(t testing.TB, i int, sh *shard) {
+	t.Helper()
+	if sh.n > sh.cap {
+		t.Errorf("shard %d: %d records, capacity %d", i, sh.n, sh.cap)
+	}
+	held := 0
+	for c, ch := range sh.chunks {
+		held += len(ch)
+		if len(ch) < chunkSize && c*chunkSize+len(ch) < sh.n {
+			t.Errorf("shard %d: chunk %d holds %d records, but more follow", i, c, len(ch))
+		}
+		if c > 0 && cap(ch) != chunkSize {
+			t.Errorf("shard %d: chunk %d has capacity %d", i, c, cap(ch))
+		}
+	}
+	if held != sh.n {
+		t.Errorf("shard %d: chunks hold %d records, n = %d", i, held, sh.n)
+	}
+	if spare := len(sh.chunks) - (sh.n+chunkMask)>>chunkShift; spare > 1 {
+		t.Errorf("shard %d: %d empty chunks kept", i, spare)
+	}
+	if len(sh.slots)&(len(sh.slots)-1) != 0 || len(sh.slots) < minSlots || !fits(sh.n, len(sh.slots)) {
+		t.Errorf("shard %d: %d slots for %d records", i, len(sh.slots), sh.n)
+	}
+	used := 0
+	for _, v := range sh.slots {
+		if v != 0 {
+			used++
+			if r := sh.numberOf(v); r < 0 || r >= sh.n {
+				t.Errorf("shard %d: slot points at record %d of %d", i, r, sh.n)
+				return
+			}
+		}
+	}
+	if used != sh.n {
+		t.Errorf("shard %d: %d slots used, %d records", i, used, sh.n)
+	}
+	wide := 0
+	for r := range sh.n {
+		rec := sh.rec(r)
+		if got := sh.lookup(rec.id); got != r {
+			t.Errorf("shard %d: record %d found at %d", i, r, got)
+		}
+		if rec.counts == wideCounts {
+			wide++
+			if _, ok := sh.wide[rec.id]; !ok {
+				t.Errorf("shard %d: wide record %d has no wide state", i, r)
+			}
+		}
+	}
+	if wide != len(sh.wide) {
+		t.Errorf("shard %d: %d wide records, %d wide states", i, wide, len(sh.wide))
 	}
 }
 
@@ -120,7 +177,7 @@ func keysInShards(t testing.TB, s *Store, n int) []string {
 			t.Fatalf("could not find %d keys in distinct shards", n)
 		}
 		k := fmt.Sprintf("user:%d", i)
-		if sh := s.shardOf(k); !seen[sh] {
+		if sh := s.keyShard(k); !seen[sh] {
 			seen[sh] = true
 			keys = append(keys, k)
 		}
@@ -183,6 +240,55 @@ func TestNew(t *testing.T) {
 	}
 }
 
+// TestNewLargestShard checks the bound on a shard's capacity, which keeps
+// a record's number within a uint32 index slot.
+func TestNewLargestShard(t *testing.T) {
+	t.Parallel()
+	if strconv.IntSize < 64 {
+		t.Skip("MaxKeys cannot exceed 2^31 with 32-bit ints")
+	}
+	most := int(int64(1)<<32 - 1)
+	tests := []struct {
+		cfg     Config
+		wantErr string
+	}{
+		{cfg: Config{MaxKeys: most, Shards: 1}},
+		{cfg: Config{MaxKeys: 2 * most, Shards: 2}},
+		{cfg: Config{MaxKeys: most + 1, Shards: 1}, wantErr: "memstore: MaxKeys is 4294967296, must be at most 4294967295 per shard (1 shards)"},
+		{cfg: Config{MaxKeys: 2*most + 1, Shards: 2}, wantErr: "memstore: MaxKeys is 8589934591, must be at most 4294967295 per shard (2 shards)"},
+	}
+	for _, tt := range tests {
+		cfg := tt.cfg
+		cfg.SweepInterval = -1
+		s, err := New(cfg)
+		if tt.wantErr != "" {
+			if err == nil || err.Error() != tt.wantErr {
+				t.Errorf("New(%+v) error = %v, want %q", tt.cfg, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("New(%+v): %v", tt.cfg, err)
+			continue
+		}
+		// With a capacity of 2^32-1, a slot has no room left for a tag:
+		// every probe reads its record.
+		if sh := &s.shards[0]; sh.idxBits != 32 {
+			t.Errorf("New(%+v): idxBits = %d, want 32", tt.cfg, sh.idxBits)
+		}
+		for i := range 1000 {
+			take(t, s, t0, charge(fmt.Sprint("k", i), perMinute(10), 1+i%3))
+		}
+		checkInvariants(t, s)
+		for i := range 1000 {
+			if got, want := remaining(t, s, t0, fmt.Sprint("k", i), perMinute(10)), 10-1-i%3; got != want {
+				t.Fatalf("New(%+v): remaining on k%d = %d, want %d", tt.cfg, i, got, want)
+			}
+		}
+		s.Close()
+	}
+}
+
 func TestShardSize(t *testing.T) {
 	t.Parallel()
 	if got := unsafe.Sizeof(shard{}); got%64 != 0 {
@@ -208,7 +314,7 @@ func TestTakeErrors(t *testing.T) {
 		{name: "zero requests", charges: []window.Charge{good, charge("k", window.Limit{Window: time.Second}, 1)}, nOut: 2, wantErr: `memstore: charge 1 ("rule"): limit 0/1s: requests must be > 0`},
 		{name: "zero window", charges: []window.Charge{charge("k", window.Limit{Requests: 1}, 1), good}, nOut: 2, wantErr: `memstore: charge 0 ("rule"): limit 1/0s: window must be > 0`},
 		{name: "sub-millisecond window", charges: []window.Charge{charge("k", window.Limit{Requests: 1, Window: 1500 * time.Microsecond}, 1)}, nOut: 1, wantErr: "whole number of milliseconds"},
-		{name: "too large", charges: []window.Charge{charge("k", window.Limit{Requests: 1 << 40, Window: time.Hour}, 1)}, nOut: 1, wantErr: "must not exceed 2^50"},
+		{name: "too large", charges: []window.Charge{charge("k", window.Limit{Requests: window.MaxRequests + 1, Window: time.Hour}, 1)}, nOut: 1, wantErr: "requests must be at most 2^50"},
 		{name: "negative cost", charges: []window.Charge{good, charge("k", perHour(10), -1)}, nOut: 2, wantErr: `memstore: charge 1 ("rule"): cost -1 must not be negative`},
 		{name: "canceled", ctx: canceled, charges: []window.Charge{good}, nOut: 1, wantErr: "memstore: context canceled", wantIs: context.Canceled},
 	}
@@ -250,101 +356,87 @@ func TestTakeNoCharges(t *testing.T) {
 	}
 }
 
-// step is one row of a scripted sequence on a single counter: n requests at
-// an instant, of which wantAllowed are admitted, leaving wantRemaining.
-type step struct {
-	at            time.Duration
-	n             int
-	wantAllowed   int
-	wantRemaining int
-	wantRetry     time.Duration // RetryAfter of the last denied request, if any
-	wantReset     time.Duration // ResetAfter of the last request; -1 to skip
-}
+// model is what the store must answer for one counter: window.Take on the
+// counter's state, which only an admitted request that costs something
+// writes.
+type model struct{ s window.State }
 
-func runSteps(t *testing.T, s *Store, key string, l window.Limit, steps []step) {
-	t.Helper()
-	for i, st := range steps {
-		allowed := 0
-		var last window.Decision
-		for range st.n {
-			ok, out := take(t, s, at(st.at), charge(key, l, 1))
-			if ok {
-				allowed++
-			}
-			if ok != out[0].Allowed {
-				t.Fatalf("step %d: Take = %v but Decision.Allowed = %v", i, ok, out[0].Allowed)
-			}
-			last = out[0]
-		}
-		if allowed != st.wantAllowed {
-			t.Errorf("step %d (at %v): %d of %d allowed, want %d", i, st.at, allowed, st.n, st.wantAllowed)
-		}
-		if last.Remaining != st.wantRemaining {
-			t.Errorf("step %d (at %v): Remaining = %d, want %d", i, st.at, last.Remaining, st.wantRemaining)
-		}
-		if allowed < st.n && last.RetryAfter != st.wantRetry {
-			t.Errorf("step %d (at %v): RetryAfter = %v, want %v", i, st.at, last.RetryAfter, st.wantRetry)
-		}
-		if st.wantReset >= 0 && last.ResetAfter != st.wantReset {
-			t.Errorf("step %d (at %v): ResetAfter = %v, want %v", i, st.at, last.ResetAfter, st.wantReset)
-		}
+func (m *model) take(now time.Time, c window.Charge) (bool, window.Decision) {
+	st, out := []window.State{m.s}, make([]window.Decision, 1)
+	ok := window.Take(st, now.UnixMilli(), []window.Charge{c}, out)
+	if ok && c.Cost > 0 {
+		m.s = st[0]
 	}
+	return ok, out[0]
 }
 
+// takeBoth charges c to the store and the model and fails t unless they
+// answer alike.
+func takeBoth(t *testing.T, s *Store, m *model, now time.Time, c window.Charge) (bool, window.Decision) {
+	t.Helper()
+	ok, out := take(t, s, now, c)
+	wantOK, want := m.take(now, c)
+	if ok != wantOK || out[0] != want {
+		t.Fatalf("at %v, cost %d: store %v %+v, window.Take %v %+v", now.Sub(t0), c.Cost, ok, out[0], wantOK, want)
+	}
+	if ok != out[0].Allowed {
+		t.Fatalf("at %v: Take = %v but Decision.Allowed = %v", now.Sub(t0), ok, out[0].Allowed)
+	}
+	return ok, out[0]
+}
+
+// step is one row of a scripted sequence on a single counter: n requests of
+// cost 1 at an instant, of which wantAllowed are admitted.
+type step struct {
+	at          time.Duration
+	n           int
+	wantAllowed int
+}
+
+// TestSequences drives one counter through scripted sequences and checks
+// every decision against window.Take on the state the counter should hold
+// (the hand-worked values of each decision are in the conformance suite,
+// internal/storetest), and how many requests each step admits.
 func TestSequences(t *testing.T) {
 	t.Parallel()
-	const min = time.Minute
 	tests := []struct {
 		name  string
 		limit window.Limit
 		steps []step
 	}{
 		{
-			// 80 requests in the previous minute and 40 in this one; 30 s
-			// in, the estimate is 80*30/60 + 40 = 80.
+			// The conformance suite's worked example: 80 in the first
+			// window, 40 in the second; 30 s into it the estimate is
+			// 80*29999/60000 + 40, just under 80, so 20 more fit.
 			name:  "worked example",
 			limit: perMinute(100),
-			steps: []step{
-				{at: -min + 5*time.Second, n: 80, wantAllowed: 80, wantRemaining: 20, wantReset: 115 * time.Second},
-				{at: 20 * time.Second, n: 40, wantAllowed: 40, wantRemaining: 6, wantReset: 100 * time.Second},
-				// 81 after this request: 19 left.
-				{at: 30 * time.Second, n: 1, wantAllowed: 1, wantRemaining: 19, wantReset: 90 * time.Second},
-				// Fill to the limit, then the next one is denied. With
-				// prev 80 and curr 60, a request of cost 1 fits after d
-				// with 80*(30000-d)/60000 + 60 + 1 <= 100, so d = 750 ms.
-				{at: 30 * time.Second, n: 19, wantAllowed: 19, wantRemaining: 0, wantReset: 90 * time.Second},
-				{at: 30 * time.Second, n: 5, wantAllowed: 0, wantRemaining: 0, wantRetry: 750 * time.Millisecond, wantReset: 90 * time.Second},
-				// Denied requests were not counted: 1 ms early is still too
-				// early, and exactly RetryAfter later one fits again.
-				{at: 30*time.Second + 749*time.Millisecond, n: 1, wantAllowed: 0, wantRemaining: 0, wantRetry: time.Millisecond, wantReset: -1},
-				{at: 30*time.Second + 750*time.Millisecond, n: 2, wantAllowed: 1, wantRemaining: 0, wantRetry: 750 * time.Millisecond, wantReset: -1},
-			},
+			steps: []step{{at: 5 * time.Second, n: 80, wantAllowed: 80}, {at: 85 * time.Second, n: 40, wantAllowed: 40}, {at: 95 * time.Second, n: 21, wantAllowed: 20}},
 		},
 		{
 			name:  "roll over",
 			limit: perSecond(10),
 			steps: []step{
-				{at: 0, n: 12, wantAllowed: 10, wantRemaining: 0, wantRetry: 1100 * time.Millisecond, wantReset: 2 * time.Second},
-				// Next window, elapsed 0: the previous 10 weigh fully.
-				{at: time.Second, n: 1, wantAllowed: 0, wantRemaining: 0, wantRetry: 100 * time.Millisecond, wantReset: time.Second},
-				// Half way: the previous 10 weigh 5.
-				{at: 1500 * time.Millisecond, n: 6, wantAllowed: 5, wantRemaining: 0, wantRetry: 100 * time.Millisecond, wantReset: 1500 * time.Millisecond},
-				// Start of the window after: prev 5 weighs fully.
-				{at: 2 * time.Second, n: 6, wantAllowed: 5, wantRemaining: 0, wantRetry: 200 * time.Millisecond, wantReset: 2 * time.Second},
+				{at: 0, n: 12, wantAllowed: 10},
+				// Next window, tick 0: the previous 10 weigh 9.99.
+				{at: time.Second, n: 1, wantAllowed: 0},
+				// Half way: they weigh 4.99.
+				{at: 1500 * time.Millisecond, n: 6, wantAllowed: 5},
+				// Start of the window after: the previous 5 weigh 4.995.
+				{at: 2 * time.Second, n: 6, wantAllowed: 5},
 				// Two windows on, nothing is left of the 10 from t0.
-				{at: 4 * time.Second, n: 11, wantAllowed: 10, wantRemaining: 0, wantRetry: 1100 * time.Millisecond, wantReset: 2 * time.Second},
+				{at: 4 * time.Second, n: 11, wantAllowed: 10},
 			},
 		},
 		{
 			name:  "expiry",
 			limit: perMinute(3),
 			steps: []step{
-				{at: 59 * time.Second, n: 4, wantAllowed: 3, wantRemaining: 0, wantRetry: 21 * time.Second, wantReset: 61 * time.Second},
+				{at: 59 * time.Second, n: 4, wantAllowed: 3},
 				// One window later the counts still weigh.
-				{at: 119 * time.Second, n: 1, wantAllowed: 1, wantRemaining: 1, wantReset: 61 * time.Second},
-				// 2 windows after the start of the counter's window, the
+				{at: 119 * time.Second, n: 1, wantAllowed: 0},
+				// Two windows after the start of the counter's window, the
 				// counter has expired and everything is available.
-				{at: 3 * min, n: 4, wantAllowed: 3, wantRemaining: 0, wantRetry: 80 * time.Second, wantReset: 2 * min},
+				{at: 179 * time.Second, n: 4, wantAllowed: 3},
 			},
 		},
 		{
@@ -353,12 +445,13 @@ func TestSequences(t *testing.T) {
 			name:  "clock backwards",
 			limit: perSecond(10),
 			steps: []step{
-				{at: 10*time.Second + 500*time.Millisecond, n: 6, wantAllowed: 6, wantRemaining: 4, wantReset: 1500 * time.Millisecond},
-				{at: 5 * time.Second, n: 5, wantAllowed: 4, wantRemaining: 0, wantRetry: 1100 * time.Millisecond, wantReset: 2 * time.Second},
-				{at: -time.Hour, n: 1, wantAllowed: 0, wantRemaining: 0, wantRetry: 1100 * time.Millisecond, wantReset: 2 * time.Second},
-				{at: 10*time.Second + 999*time.Millisecond, n: 1, wantAllowed: 0, wantRemaining: 0, wantRetry: 101 * time.Millisecond, wantReset: -1},
+				{at: 10*time.Second + 500*time.Millisecond, n: 6, wantAllowed: 6},
+				{at: 5 * time.Second, n: 5, wantAllowed: 4},
+				{at: -time.Hour, n: 1, wantAllowed: 0},
+				{at: 10*time.Second + 999*time.Millisecond, n: 1, wantAllowed: 0},
 				// The next window sees all 10 as its previous window.
-				{at: 11*time.Second + 500*time.Millisecond, n: 6, wantAllowed: 5, wantRemaining: 0, wantRetry: 100 * time.Millisecond, wantReset: 1500 * time.Millisecond},
+				{at: 11*time.Second + 500*time.Millisecond, n: 6, wantAllowed: 0},
+				{at: 12 * time.Second, n: 6, wantAllowed: 5},
 			},
 		},
 	}
@@ -366,30 +459,19 @@ func TestSequences(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			s := newStore(t, Config{})
-			runSteps(t, s, "ip:203.0.113.7", tt.limit, tt.steps)
+			var m model
+			for i, st := range tt.steps {
+				allowed := 0
+				for range st.n {
+					if ok, _ := takeBoth(t, s, &m, at(st.at), charge("ip:203.0.113.7", tt.limit, 1)); ok {
+						allowed++
+					}
+				}
+				if allowed != st.wantAllowed {
+					t.Errorf("step %d (at %v): %d of %d allowed, want %d", i, st.at, allowed, st.n, st.wantAllowed)
+				}
+			}
 		})
-	}
-}
-
-func TestWorkedExampleEstimate(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	l := perMinute(100)
-	for range 80 {
-		take(t, s, at(-30*time.Second), charge("k", l, 1))
-	}
-	for range 40 {
-		if ok, _ := take(t, s, at(20*time.Second), charge("k", l, 1)); !ok {
-			t.Fatal("denied while building the example")
-		}
-	}
-	// A read at 30 s shows the estimate of 80 as 20 remaining.
-	if got := remaining(t, s, at(30*time.Second), "k", l); got != 20 {
-		t.Fatalf("remaining at 30s = %d, want 20 (estimate 80)", got)
-	}
-	ok, out := take(t, s, at(30*time.Second), charge("k", l, 1))
-	if !ok || out[0].Remaining != 19 {
-		t.Fatalf("request at 30s: allowed %v, Remaining %d; want true, 19", ok, out[0].Remaining)
 	}
 }
 
@@ -399,32 +481,31 @@ func TestWorkedExampleEstimate(t *testing.T) {
 func TestReadsAndDenialsDoNotRoll(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{Shards: 1, MaxKeys: 10})
+	var m model
 	l := perMinute(10)
-	take(t, s, at(10*time.Second), charge("k", l, 4))
+	takeBoth(t, s, &m, at(10*time.Second), charge("k", l, 4))
+	written, ok := s.stateOf("rule", "k", time.Minute)
+	if !ok || written.Curr != 4 {
+		t.Fatalf("state after the first request = %+v, %v; want Curr 4", written, ok)
+	}
 	steps := []struct {
-		at            time.Duration
-		cost          int
-		wantAllowed   bool
-		wantRemaining int
-		wantReset     time.Duration
+		at          time.Duration
+		cost        int
+		wantAllowed bool
 	}{
-		{at: 70 * time.Second, cost: 0, wantAllowed: true, wantRemaining: 6, wantReset: 50 * time.Second},
-		{at: 70 * time.Second, cost: 9, wantAllowed: false, wantRemaining: 6, wantReset: 50 * time.Second},
-		// Back in the counter's own window, e=20s: c=4 as written, not
-		// rolled to the window of the read and the denial.
-		{at: 20 * time.Second, cost: 0, wantAllowed: true, wantRemaining: 6, wantReset: 100 * time.Second},
+		{at: 70 * time.Second, cost: 0, wantAllowed: true},
+		{at: 70 * time.Second, cost: 9, wantAllowed: false},
+		// Back in the counter's own window: Curr 4 as written, not rolled
+		// to the window of the read and the denial.
+		{at: 20 * time.Second, cost: 0, wantAllowed: true},
 	}
 	for i, st := range steps {
-		ok, out := take(t, s, at(st.at), charge("k", l, st.cost))
-		if ok != st.wantAllowed || out[0].Remaining != st.wantRemaining || out[0].ResetAfter != st.wantReset {
-			t.Errorf("step %d: allowed %v, Remaining %d, ResetAfter %v; want %v, %d, %v",
-				i, ok, out[0].Remaining, out[0].ResetAfter, st.wantAllowed, st.wantRemaining, st.wantReset)
+		if ok, _ := takeBoth(t, s, &m, at(st.at), charge("k", l, st.cost)); ok != st.wantAllowed {
+			t.Errorf("step %d: allowed %v, want %v", i, ok, st.wantAllowed)
 		}
 	}
-	for _, e := range s.shards[0].m {
-		if want := (window.State{Start: t0.UnixMilli(), Curr: 4}); e.s != want {
-			t.Errorf("stored state %+v, want %+v", e.s, want)
-		}
+	if got, _ := s.stateOf("rule", "k", time.Minute); got != written {
+		t.Errorf("stored state %+v, want %+v as the first request wrote it", got, written)
 	}
 }
 
@@ -631,7 +712,7 @@ func TestKeys(t *testing.T) {
 		}
 	})
 
-	t.Run("long keys are digested", func(t *testing.T) {
+	t.Run("long keys", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t, Config{})
 		k1, k2 := long+"1", long+"2"
@@ -643,36 +724,45 @@ func TestKeys(t *testing.T) {
 		if got := remaining(t, s, t0, k2, l); got != 9 {
 			t.Errorf("remaining on k2 = %d, want 9", got)
 		}
-		for i := range s.shards {
-			for k := range s.shards[i].m {
-				if len(k.key) > maxKeyLen {
-					t.Errorf("stored key of %d bytes", len(k.key))
-				}
-			}
-		}
-		// A key of exactly maxKeyLen bytes is kept as is.
-		edge := long[:maxKeyLen]
-		take(t, s, t0, charge(edge, l, 1))
-		if !s.has("rule", edge, time.Minute) {
-			t.Errorf("%d-byte key not stored as is", maxKeyLen)
+		if got := remaining(t, s, t0, long, l); got != 10 {
+			t.Errorf("remaining on a prefix of k1 = %d, want 10", got)
 		}
 	})
 
-	t.Run("a digest is not a short key", func(t *testing.T) {
+	t.Run("name and key do not run together", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t, Config{})
-		take(t, s, t0, charge(long, l, 5))
-		var digest string
-		for i := range s.shards {
-			for k := range s.shards[i].m {
-				digest = k.key
+		take(t, s, t0, window.Charge{Name: "ab", Key: "c", Limit: l, Cost: 5})
+		for _, c := range []window.Charge{
+			{Name: "a", Key: "bc", Limit: l},
+			{Name: "abc", Key: "", Limit: l},
+			{Name: "", Key: "abc", Limit: l},
+			{Name: "c", Key: "ab", Limit: l},
+		} {
+			if _, out := take(t, s, t0, c); out[0].Remaining != 10 {
+				t.Errorf("Name %q, Key %q: Remaining = %d, want 10", c.Name, c.Key, out[0].Remaining)
 			}
 		}
-		if len(digest) != 32 {
-			t.Fatalf("stored digest has %d bytes, want 32", len(digest))
-		}
-		if got := remaining(t, s, t0, digest, l); got != 10 {
-			t.Errorf("remaining on the digest's bytes as a key = %d, want 10", got)
+	})
+
+	t.Run("identities are distinct", func(t *testing.T) {
+		t.Parallel()
+		// The identities of many (Name, Window, Key) triples, including
+		// windows that differ by one millisecond, are all different.
+		s := newStore(t, Config{})
+		seen := map[ident]string{}
+		for k := range 2000 {
+			k1, k2 := s.keyHash(fmt.Sprint("ip:", k))
+			for _, name := range []string{"", "a", "b"} {
+				for _, w := range []int64{1, 2, 1000, 1001, 60000} {
+					id := s.ident(k1, k2, name, w)
+					what := fmt.Sprintf("%q/%d/%d", name, w, k)
+					if prev, ok := seen[id]; ok {
+						t.Fatalf("%s and %s share identity %x", prev, what, id)
+					}
+					seen[id] = what
+				}
+			}
 		}
 	})
 
@@ -867,9 +957,8 @@ func TestExpiredEntryIsReset(t *testing.T) {
 	take(t, s, t0, charge("k", perSecond(5), 5))
 	// Whatever an expired entry holds, it must not count.
 	sh := &s.shards[0]
-	for _, e := range sh.m {
-		e.s.Prev = 1 << 40
-	}
+	_, until := sh.state(0)
+	sh.set(0, window.State{Start: t0.UnixMilli(), Prev: 1 << 40, Curr: 1 << 40}, until)
 	if got := remaining(t, s, at(2*time.Second), "k", perSecond(5)); got != 5 {
 		t.Errorf("remaining on an expired entry = %d, want 5", got)
 	}
@@ -948,9 +1037,10 @@ func TestSweepConcurrent(t *testing.T) {
 	s.sweep(final)
 	checkInvariants(t, s)
 	for i := range s.shards {
-		for e := s.shards[i].head.next; e != &s.shards[i].head; e = e.next {
-			if e.expired(final.UnixMilli()) {
-				t.Errorf("%q expired but kept after a quiet sweep", e.k.key)
+		sh := &s.shards[i]
+		for r := range sh.n {
+			if sh.expired(r, final.UnixMilli()) {
+				t.Errorf("shard %d: record %d expired but kept after a quiet sweep", i, r)
 			}
 		}
 	}
@@ -1103,5 +1193,29 @@ func TestAllocs(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("%s: %v allocations per Take, want 0", tt.name, allocs)
 		}
+	}
+
+	// A new counter in a full store evicts one and takes its place: no
+	// allocation either, since the key is not copied.
+	full := newStore(t, Config{Shards: 4, MaxKeys: 1024})
+	keys = make([]string, 4096)
+	for i := range keys {
+		keys[i] = fmt.Sprint("ip:", i)
+	}
+	c := []window.Charge{charge("", perHour(1000), 1)}
+	out := make([]window.Decision, 1)
+	next := 0
+	newKey := func() {
+		c[0].Key = keys[next%len(keys)]
+		next++
+		if ok, err := full.Take(context.Background(), t0, c, out); !ok || err != nil {
+			t.Fatalf("Take(%s) = %v, %v", c[0].Key, ok, err)
+		}
+	}
+	for range 2048 {
+		newKey()
+	}
+	if allocs := testing.AllocsPerRun(1000, newKey); allocs != 0 {
+		t.Errorf("new key at the key cap: %v allocations per Take, want 0", allocs)
 	}
 }

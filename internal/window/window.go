@@ -103,6 +103,9 @@ func (l Limit) Validate() error {
 // 3 * (Requests + 1) * window-in-ms is at most 2^53. l must be valid.
 func (l Limit) Tick() int64 {
 	w, n := l.Window.Milliseconds(), int64(l.Requests)+1
+	if n < 1<<20 && w < 1<<31 {
+		return 1 // 3 * n * w < 3 * 2^51: no division needed to know
+	}
 	maxTicks := exact / (3 * n) // W may be at most this
 	if w <= maxTicks {
 		return 1
@@ -244,8 +247,11 @@ type pos struct {
 }
 
 func (p params) pos(s State, at int64) pos {
-	off := at - s.Start
-	return pos{e: off / p.r, sub: off % p.r, prev: min(s.Prev, p.limit+1), curr: min(s.Curr, p.limit+1)}
+	x := pos{e: at - s.Start, prev: min(s.Prev, p.limit+1), curr: min(s.Curr, p.limit+1)}
+	if p.r != 1 {
+		x.e, x.sub = x.e/p.r, x.e%p.r
+	}
+	return x
 }
 
 // fits reports whether cost c fits at x.
@@ -356,27 +362,30 @@ func (p params) grow(x pos, rem, free int64) int64 {
 // limits be valid. A charge whose cost exceeds its limit is never admitted
 // and its RetryAfter is -1ns.
 func Take(states []State, now int64, charges []Charge, out []Decision) bool {
-	var atBuf [8]int64
-	at := atBuf[:0]
-	if len(charges) > len(atBuf) {
-		at = make([]int64, 0, len(charges))
+	const inline = 8
+	var atBuf [inline]int64
+	var pBuf [inline]params
+	at, ps := atBuf[:0], pBuf[:0]
+	if len(charges) > inline {
+		at, ps = make([]int64, 0, len(charges)), make([]params, 0, len(charges))
 	}
 	all := true
 	for i := range charges {
 		c := &charges[i]
+		p := paramsOf(c.Limit)
 		var t int64
-		states[i], t = Roll(states[i], now, c.Limit.Window.Milliseconds())
-		at = append(at, t)
-		ok := Fits(states[i], t, c.Limit, int64(c.Cost))
+		states[i], t = Roll(states[i], now, p.r*p.w)
+		at, ps = append(at, t), append(ps, p)
+		ok := p.fits(p.pos(states[i], t), int64(c.Cost))
 		out[i].Allowed = ok
 		all = all && ok
 	}
 	for i := range charges {
-		c := &charges[i]
+		c, p := &charges[i], &ps[i]
 		if all {
 			states[i].Curr += int64(c.Cost)
 		}
-		out[i] = Describe(states[i], at[i], c.Limit, int64(c.Cost), out[i].Allowed)
+		out[i] = p.describe(p.pos(states[i], at[i]), int64(c.Cost), out[i].Allowed)
 	}
 	return all
 }
