@@ -29,6 +29,9 @@ type runner func(ctx context.Context, key string) error
 //
 //	go test -run '^$' -bench BenchmarkDecisions -benchtime 3s ./internal/redispipe/
 //
+// On a machine shared with other work, TestCompare gives steadier figures
+// by interleaving the variants.
+//
 // The variants: Script.Run on the client (no pipelining); Script.Run on
 // go-redis's experimental AutoPipeline (blocking face, default options);
 // this package with 1, 2 and 4 batches in flight per destination; the
@@ -95,26 +98,6 @@ func BenchmarkDecisions(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// BenchmarkMaxBatch measures the batch bound with more callers than it.
-func BenchmarkMaxBatch(b *testing.B) {
-	srv := redistest.Standalone(b)
-	prefix := srv.Prefix(b)
-	rt := &rtCounter{}
-	c := srv.Client(b, &redis.Options{PoolSize: 128})
-	c.AddHook(rt)
-	keys := make([]string, benchKeys)
-	for i := range keys {
-		keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
-	}
-	for _, g := range []int{64, 256} {
-		for _, mb := range []int{32, 64, 128, 256, 512} {
-			b.Run(fmt.Sprintf("g=%d/maxbatch=%d", g, mb), func(b *testing.B) {
-				drive(b, g, keys, pipelined(c, Config{MaxBatch: mb, StallThreshold: -1}, nil)(b), rt)
-			})
-		}
 	}
 }
 

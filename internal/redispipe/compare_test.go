@@ -33,16 +33,17 @@ func TestCompare(t *testing.T) {
 	const window = time.Second
 	type result struct {
 		rate, p50, p99 []float64
-		perRT          []float64
+		perRT, cpu     []float64
 		errors         int64
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "\n| topology | goroutines | variant | decisions/s | p50 µs | p99 µs | calls/round trip | errors |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&table, "\n| topology | goroutines | variant | decisions/s | p50 µs | p99 µs | calls/round trip | server CPU µs/decision | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, topo := range []string{"standalone", "cluster"} {
 		var (
-			client redis.UniversalClient
-			prefix string
-			rt     = &rtCounter{}
+			client  redis.UniversalClient
+			prefix  string
+			rt      = &rtCounter{}
+			servers []*redis.Client // for INFO cpu
 		)
 		if topo == "standalone" {
 			srv := redistest.Standalone(t)
@@ -50,9 +51,13 @@ func TestCompare(t *testing.T) {
 			c := srv.Client(t, &redis.Options{PoolSize: 128})
 			c.AddHook(rt)
 			client = c
+			servers = append(servers, srv.Client(t, nil))
 		} else {
 			cl := redistest.Cluster(t)
 			prefix = cl.Prefix(t)
+			for _, n := range cl.Nodes() {
+				servers = append(servers, n.Client(t, nil))
+			}
 			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128})
 			t.Cleanup(func() { _ = cc.Close() })
 			cc.OnNewNode(func(c *redis.Client) { c.AddHook(rt) })
@@ -97,8 +102,11 @@ func TestCompare(t *testing.T) {
 					// Rotate the order so that no variant always follows
 					// the same one.
 					v := (i + r) % len(variants)
+					cpu0 := serverCPU(t, servers)
 					rate, p50, p99, perRT, errs := measure(variants[v].run, g, window, keys, rt)
+					cpu := serverCPU(t, servers) - cpu0
 					res := &results[v]
+					res.cpu = append(res.cpu, cpu.Seconds()*1e6/(rate*window.Seconds()))
 					res.rate = append(res.rate, rate)
 					res.p50 = append(res.p50, p50)
 					res.p99 = append(res.p99, p99)
@@ -108,8 +116,8 @@ func TestCompare(t *testing.T) {
 			}
 			for i, v := range variants {
 				res := results[i]
-				fmt.Fprintf(&table, "| %s | %d | %s | %.0f | %.0f | %.0f | %.1f | %d |\n",
-					topo, g, v.name, median(res.rate), median(res.p50), median(res.p99), median(res.perRT), res.errors)
+				fmt.Fprintf(&table, "| %s | %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %d |\n",
+					topo, g, v.name, median(res.rate), median(res.p50), median(res.p99), median(res.perRT), median(res.cpu), res.errors)
 			}
 		}
 	}
@@ -177,4 +185,76 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// serverCPU returns the CPU time the servers have used, from INFO cpu.
+func serverCPU(t testing.TB, servers []*redis.Client) time.Duration {
+	t.Helper()
+	var total float64
+	for _, c := range servers {
+		info, err := c.Info(context.Background(), "cpu").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			for _, field := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+				if v, ok := strings.CutPrefix(line, field); ok {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatal(err)
+					}
+					total += f
+				}
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// TestCompareMaxBatch is TestCompare for the batch bound, with more
+// callers than it, on a standalone server:
+//
+//	REDISPIPE_COMPARE=5 go test -run TestCompareMaxBatch -v ./internal/redispipe/
+func TestCompareMaxBatch(t *testing.T) {
+	rounds, _ := strconv.Atoi(os.Getenv("REDISPIPE_COMPARE"))
+	if rounds <= 0 {
+		t.Skip("set REDISPIPE_COMPARE to the number of rounds")
+	}
+	srv := redistest.Standalone(t)
+	prefix := srv.Prefix(t)
+	rt := &rtCounter{}
+	c := srv.Client(t, &redis.Options{PoolSize: 128})
+	c.AddHook(rt)
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
+	}
+	sizes := []int{16, 32, 64, 128, 256}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| goroutines | MaxBatch | decisions/s | p50 µs | p99 µs | calls/round trip |\n|---|---|---|---|---|---|\n")
+	for _, g := range []int{64, 256} {
+		runs := make([]runner, len(sizes))
+		for i, mb := range sizes {
+			p := newPipeliner(t, c, Config{MaxBatch: mb, StallThreshold: -1})
+			runs[i] = func(ctx context.Context, key string) error {
+				_, err := p.Run(ctx, decide, []string{key}, decideArgs...)
+				return err
+			}
+		}
+		rate := make([][]float64, len(sizes))
+		p50 := make([][]float64, len(sizes))
+		p99 := make([][]float64, len(sizes))
+		perRT := make([][]float64, len(sizes))
+		for r := 0; r < rounds; r++ {
+			for i := range sizes {
+				v := (i + r) % len(sizes)
+				a, b, c, d, _ := measure(runs[v], g, time.Second, keys, rt)
+				rate[v], p50[v], p99[v], perRT[v] = append(rate[v], a), append(p50[v], b), append(p99[v], c), append(perRT[v], d)
+			}
+		}
+		for i, mb := range sizes {
+			fmt.Fprintf(&table, "| %d | %d | %.0f | %.0f | %.0f | %.1f |\n", g, mb, median(rate[i]), median(p50[i]), median(p99[i]), median(perRT[i]))
+		}
+	}
+	t.Log(table.String())
 }

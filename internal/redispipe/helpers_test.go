@@ -145,8 +145,10 @@ func newPipeliner(t testing.TB, c redis.Scripter, cfg Config) *Pipeliner {
 	return p
 }
 
-// pipeCounter is a go-redis hook that records the size of every pipeline
-// and the number of single commands sent.
+// pipeCounter is a go-redis hook that records the number of script calls
+// (EVAL or EVALSHA) of every pipeline that has some, and the number of
+// single commands sent. (go-redis sends a pipeline of its own when it opens
+// a connection.)
 type pipeCounter struct {
 	mu     sync.Mutex
 	sizes  []int
@@ -169,8 +171,16 @@ func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		scripts := 0
+		for _, c := range cmds {
+			if name := c.Name(); name == "evalsha" || name == "eval" {
+				scripts++
+			}
+		}
 		h.mu.Lock()
-		h.sizes = append(h.sizes, len(cmds))
+		if scripts > 0 {
+			h.sizes = append(h.sizes, scripts)
+		}
 		fail := h.fail
 		h.mu.Unlock()
 		if fail != nil {

@@ -31,6 +31,9 @@
 // Options.ContextTimeoutEnabled is off (go-redis then waits for a reply up
 // to ReadTimeout whatever the context says). A reply that arrives after its
 // caller left is discarded; what the script did on the server stays done.
+// A batch runs with the latest deadline of its callers, which bounds
+// go-redis's dialing, retries and waits for a connection even with such a
+// client, and a call whose caller has already left is not sent.
 //
 // # Health
 //
@@ -39,9 +42,12 @@
 // or when a batch fails with a connection error. Calls for a destination
 // that is down fail at once with an error that wraps ErrUnavailable and the
 // cause, and so do the calls queued or in flight to it when it goes down.
-// Other destinations carry on. A down destination is probed with PING,
-// first after Config.ProbeInterval and then at doubling intervals up to
-// Config.MaxProbeInterval, and is up again as soon as a probe succeeds. On
+// Other destinations carry on. A down destination is probed, first after
+// Config.ProbeInterval and then at doubling intervals up to
+// Config.MaxProbeInterval: a probe opens a connection with the client's
+// dialer, outside its pool and retries, then sends PING through the
+// client. The destination is up again as soon as a probe succeeds or a
+// batch that stalled is answered after all. On
 // a Cluster, a destination going down, and each probe, make the client
 // reload its slot map (ClusterClient.ReloadState), so that calls move to a
 // promoted replica as soon as the cluster has one. Config.OnStateChange
@@ -64,8 +70,13 @@ const (
 	// DefaultMaxBatch is the largest batch when Config.MaxBatch is zero.
 	DefaultMaxBatch = 128
 	// DefaultMaxInFlight is the number of batches that may be outstanding
-	// to one destination when Config.MaxInFlight is zero.
-	DefaultMaxInFlight = 1
+	// to the server of a *redis.Client when Config.MaxInFlight is zero.
+	DefaultMaxInFlight = 2
+	// DefaultMaxInFlightPerNode is the number of batches that may be
+	// outstanding to each master of a *redis.ClusterClient, or each shard
+	// of a *redis.Ring, when Config.MaxInFlight is zero: these already have
+	// a batch in flight per node.
+	DefaultMaxInFlightPerNode = 1
 	// DefaultProbeInterval is the wait before the first probe of a
 	// destination that went down, when Config.ProbeInterval is zero.
 	DefaultProbeInterval = 25 * time.Millisecond
@@ -102,7 +113,8 @@ type Config struct {
 	MaxBatch int
 	// MaxInFlight is the number of batches that may be outstanding to one
 	// destination at once; each is a worker goroutine and a connection.
-	// Zero means DefaultMaxInFlight.
+	// Zero means DefaultMaxInFlight for a *redis.Client and
+	// DefaultMaxInFlightPerNode for a *redis.ClusterClient or *redis.Ring.
 	MaxInFlight int
 	// StallThreshold is how long a batch may be outstanding before its
 	// destination is marked down. Zero means adaptive: MinStallThreshold
@@ -124,7 +136,9 @@ type Config struct {
 	// OnStateChange, if not nil, is called when a destination goes down
 	// (up false, with the cause) or comes back (up true, nil cause). dest
 	// names the destination: the server's address, as in the client's
-	// options. Calls for one destination are made one at a time, in order.
+	// options ("FailoverClient" for a Sentinel client). Calls for one
+	// destination are made one at a time, in order, from the goroutine
+	// that saw the change; OnStateChange must not block for long.
 	OnStateChange func(dest string, up bool, cause error)
 }
 
@@ -177,9 +191,6 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
-	}
 	if cfg.ProbeInterval == 0 {
 		cfg.ProbeInterval = DefaultProbeInterval
 	}
@@ -210,6 +221,12 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 		return nil, errors.New("redispipe: nil client")
 	default:
 		return nil, fmt.Errorf("redispipe: unsupported client type %T", client)
+	}
+	if p.cfg.MaxInFlight == 0 {
+		p.cfg.MaxInFlight = DefaultMaxInFlightPerNode
+		if p.kind == kindSingle {
+			p.cfg.MaxInFlight = DefaultMaxInFlight
+		}
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.redirects.p = p
