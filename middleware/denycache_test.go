@@ -1,10 +1,7 @@
 package middleware_test
 
 import (
-	"context"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,29 +13,6 @@ import (
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
-
-// scriptCalls returns how many scripts (EVALSHA and EVAL) a server ran.
-func scriptCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
-				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-				v, err := strconv.Atoi(calls)
-				if err != nil {
-					t.Fatalf("parse %q: %v", line, err)
-				}
-				n += v
-			}
-		}
-	}
-	return n
-}
 
 // TestDenyCacheShieldsRedis floods one key at about 10,000 requests a
 // second for a second, on the server's clock, and counts the scripts the
@@ -63,7 +37,7 @@ func TestDenyCacheShieldsRedis(t *testing.T) {
 		}
 		closeStore(t, store)
 		lim := newLimiter(t, middleware.PerSecond(limit), keyfunc.RemoteIP(), append(opts, middleware.WithStore(store))...)
-		before := scriptCalls(t, admin)
+		before := redistest.ScriptCalls(t, admin)
 		var ok atomic.Int64
 		var wg sync.WaitGroup
 		for range goroutines {
@@ -87,7 +61,7 @@ func TestDenyCacheShieldsRedis(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		return scriptCalls(t, admin) - before, int(ok.Load())
+		return redistest.ScriptCalls(t, admin) - before, int(ok.Load())
 	}
 	calls, admitted := run(t)
 	t.Logf("deny cache: %d requests, %d admitted, %d scripts run", goroutines*perG, admitted, calls)
@@ -129,10 +103,10 @@ func TestDenyCacheDecisions(t *testing.T) {
 		}
 	}
 	first := do(h, get("192.0.2.1:1")) // denied by Redis: 89.999 s
-	before := scriptCalls(t, admin)
+	before := redistest.ScriptCalls(t, admin)
 	clock.Add(10 * time.Second)
 	second := do(h, get("192.0.2.1:1")) // denied by the cache
-	if after := scriptCalls(t, admin); after != before {
+	if after := redistest.ScriptCalls(t, admin); after != before {
 		// Other tests share the server; only this test's key matters, so
 		// check the answer rather than fail on a shared count.
 		t.Logf("%d scripts ran meanwhile on the shared server", after-before)

@@ -244,9 +244,9 @@ func TestOneRoundTrip(t *testing.T) {
 		c.AddHook(h)
 		s := newTestStore(t, c, srv.Prefix(t))
 		admin := srv.Client(t, nil)
-		before := evalCalls(t, admin)
+		before := redistest.ScriptCalls(t, admin)
 		check(t, s, h, "k", true)
-		if got := evalCalls(t, admin) - before; got != 21 {
+		if got := redistest.ScriptCalls(t, admin) - before; got != 21 {
 			t.Errorf("the server ran %d EVALSHA and EVAL for 20 decisions, want 21 (one NOSCRIPT)", got)
 		}
 	})
@@ -264,29 +264,6 @@ func TestOneRoundTrip(t *testing.T) {
 		s := newTestStore(t, c, cl.Prefix(t))
 		check(t, s, h, "k", true)
 	})
-}
-
-// evalCalls returns how many EVALSHA and EVAL the server has run.
-func evalCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
-				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-				v, err := strconv.Atoi(calls)
-				if err != nil {
-					t.Fatalf("parse %q: %v", line, err)
-				}
-				n += v
-			}
-		}
-	}
-	return n
 }
 
 // TestOneClock shows that stores on application servers whose clocks are

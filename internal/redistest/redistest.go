@@ -430,3 +430,27 @@ func deleteKeys(addr, prefix string) {
 		_, _ = pipe.Exec(ctx)
 	}
 }
+
+// ScriptCalls returns how many scripts (EVALSHA and EVAL) the server that
+// c talks to has run, from INFO commandstats.
+func ScriptCalls(t testing.TB, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				v, err := strconv.Atoi(calls)
+				if err != nil {
+					t.Fatalf("redistest: parse %q: %v", line, err)
+				}
+				n += v
+			}
+		}
+	}
+	return n
+}
