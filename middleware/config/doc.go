@@ -37,9 +37,11 @@
 //	    plans:             # optional, limits per plan (Env.Plan names the plan)
 //	      pro: [{requests: 200, window: 1h}]
 //
-// Windows are Go durations ("500ms", "1m", "1h30m") or whole days ("1d"),
-// positive and a whole number of milliseconds. Requests and cost are
-// integers; a quoted number is an error. Cost may not exceed any limit of the
+// Windows are Go durations ("500ms", "1m", "1h30m"), whole days ("1d",
+// "30d") or whole weeks ("1w"), positive, a whole number of milliseconds
+// and at most 3660 days. Requests are integers from 1 to 2^50, so that
+// "1000000 per 30d" and "1000000000 per 1h" are ordinary limits. Requests
+// and cost are integers; a quoted number is an error. Cost may not exceed any limit of the
 // rule or of its plans: such a rule could never admit a request.
 //
 // # Keys
