@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -134,5 +135,43 @@ func TestDenyCacheDecisions(t *testing.T) {
 func closeStore(t *testing.T, s middleware.Store) {
 	if c, ok := s.(interface{ Close() error }); ok {
 		t.Cleanup(func() { c.Close() })
+	}
+}
+
+// TestFallbackStartsInformed: under FailLocal, a client Redis was denying
+// when the outage began stays denied until its Retry-After, instead of
+// getting a fresh allowance from the local fallback, which takes over for
+// it only then.
+func TestFallbackStartsInformed(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	clock := newClock(t0)
+	h := newLimiter(t, middleware.PerMinute(2), keyfunc.RemoteIP(), middleware.WithStore(store),
+		middleware.WithClock(clock.Now), middleware.WithFailurePolicy(middleware.FailLocal)).Handler(ok)
+	codes := func(n int) []int {
+		var c []int
+		for range n {
+			c = append(c, do(h, get("192.0.2.1:1")).Code)
+		}
+		return c
+	}
+	if got := codes(3); !slices.Equal(got, []int{200, 200, 429}) { // the 429 from Redis: 89.999 s
+		t.Fatalf("with Redis up: %v", got)
+	}
+	srv.Kill()
+	clock.Add(30 * time.Second)
+	if got := codes(2); !slices.Equal(got, []int{429, 429}) {
+		t.Errorf("Redis down, 30 s later: %v, want still denied", got)
+	}
+	// Past the Retry-After Redis gave, the fallback decides: it counts on
+	// its own, from zero.
+	clock.Add(60 * time.Second)
+	if got := codes(3); !slices.Equal(got, []int{200, 200, 429}) {
+		t.Errorf("Redis down, past the Retry-After: %v, want the fallback's own 2 then 429", got)
 	}
 }
