@@ -40,10 +40,13 @@
 // pushing at a steady rate gets the whole limit in every window, the last
 // unit in the window's last tick, rather than one less.
 //
-// The counts used by the estimate are capped at limit + 1: a count above
-// the limit denies every request whatever its value, and the cap keeps the
+// The counts used by the estimate are capped at limit + 1, which keeps the
 // arithmetic exact when a counter filled under a larger limit (a plan that
-// changed) is read under a smaller one.
+// changed) is read under a smaller one. Counts within the limit are never
+// touched, and a current count above it denies every request whatever its
+// value; a previous count above it weighs as limit + 1, so after a plan is
+// lowered the client gets back in a little sooner in the next window than
+// its full previous count would allow.
 package window
 
 import (
