@@ -162,6 +162,35 @@ func chargeProbe(t *testing.T, lim *middleware.Limiter, addr string, n int) int 
 	return res.Remaining
 }
 
+// failoverUnderLoad charges 5 of 20 to the client probe, outside the
+// load, and waits until victim's replica has that count; then, under the
+// load, kills victim and waits for wait to see a replica promoted. It
+// returns what the load saw, ending 2 s after the promotion, the instant
+// of the kill and that of the promotion.
+func failoverUnderLoad(t *testing.T, lim *middleware.Limiter, probe string, victim *redistest.Server,
+	wait func(context.Context, *redistest.Server) (*redistest.Server, time.Duration, error)) (os []outcome, killed, promoted time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	if rem := chargeProbe(t, lim, probe, 5); rem != 15 {
+		t.Fatalf("probe client has %d remaining after 5 of 20", rem)
+	}
+	if err := victim.WaitReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := startLoad(t, lim, loadKey)
+	time.Sleep(time.Second)
+	killed = time.Now()
+	victim.Kill()
+	_, took, err := wait(ctx, victim)
+	if err != nil {
+		l.finish()
+		t.Fatal(err)
+	}
+	promoted = killed.Add(took)
+	time.Sleep(2 * time.Second)
+	return l.finish(), killed, promoted
+}
+
 func newOutageLimiter(t *testing.T, store middleware.Store) *middleware.Limiter {
 	return newLimiter(t, middleware.Limit{Requests: 20, Window: 10 * time.Second}, keyfunc.RemoteIP(), middleware.WithStore(store))
 }
@@ -300,25 +329,8 @@ func TestOutageCluster(t *testing.T) {
 			probe = addr
 		}
 	}
-	if rem := chargeProbe(t, lim, probe, 5); rem != 15 {
-		t.Fatalf("probe client has %d remaining after 5 of 20", rem)
-	}
-	if err := victim.WaitReplicated(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	l := startLoad(t, lim, loadKey)
-	time.Sleep(time.Second)
-	killed := time.Now()
-	victim.Kill()
-	_, took, err := cl.WaitFailover(ctx, victim)
-	if err != nil {
-		l.finish()
-		t.Fatal(err)
-	}
-	promoted := killed.Add(took)
-	time.Sleep(2 * time.Second)
-	os := l.finish()
+	os, killed, promoted := failoverUnderLoad(t, lim, probe, victim, cl.WaitFailover)
+	took := promoted.Sub(killed)
 
 	h := summarize(os, killed, time.Now(), healthy)
 	v := summarize(os, promoted.Add(time.Second), time.Now(), onVictim)
@@ -355,26 +367,8 @@ func TestOutageSentinel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A client outside the load, whose count is replicated before the
-	// kill: the failover must not lose it.
-	if rem := chargeProbe(t, lim, "192.0.2.1", 5); rem != 15 {
-		t.Fatalf("probe client has %d remaining after 5 of 20", rem)
-	}
-	if err := master.WaitReplicated(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l := startLoad(t, lim, loadKey)
-	time.Sleep(time.Second)
-	killed := time.Now()
-	master.Kill()
-	_, took, err := s.WaitFailover(ctx, master)
-	if err != nil {
-		l.finish()
-		t.Fatal(err)
-	}
-	promoted := killed.Add(took)
-	time.Sleep(2 * time.Second)
-	os := l.finish()
+	os, killed, promoted := failoverUnderLoad(t, lim, "192.0.2.1", master, s.WaitFailover)
+	took := promoted.Sub(killed)
 	down := summarize(os, killed, promoted, nil)
 	after := summarize(os, promoted.Add(500*time.Millisecond), time.Now(), nil)
 	recovery, _ := firstDecidedAfter(os, promoted, nil)
