@@ -43,29 +43,8 @@ type runner func(ctx context.Context, key string) error
 func BenchmarkDecisions(b *testing.B) {
 	for _, topo := range []string{"standalone", "cluster"} {
 		b.Run(topo, func(b *testing.B) {
-			var (
-				client redis.UniversalClient
-				prefix string
-				rt     = &rtCounter{}
-			)
-			if topo == "standalone" {
-				srv := redistest.Standalone(b)
-				prefix = srv.Prefix(b)
-				c := srv.Client(b, &redis.Options{PoolSize: 128})
-				c.AddHook(rt)
-				client = c
-			} else {
-				cl := redistest.Cluster(b)
-				prefix = cl.Prefix(b)
-				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128})
-				b.Cleanup(func() { _ = cc.Close() })
-				cc.OnNewNode(func(c *redis.Client) { c.AddHook(rt) })
-				client = cc
-			}
-			keys := make([]string, benchKeys)
-			for i := range keys {
-				keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
-			}
+			rt := &rtCounter{}
+			client, keys, _ := benchTopology(b, topo, rt)
 			ap, err := autoPipeline(client)
 			if err != nil {
 				b.Fatal(err)
@@ -239,4 +218,42 @@ func (h *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		h.cmds.Add(int64(len(cmds)))
 		return next(ctx, cmds)
 	}
+}
+
+// benchTopology starts the servers of topo ("standalone" or a three-master
+// "cluster") and returns a client of them (default options but PoolSize
+// 128) whose node connections carry rt, benchKeys keys under a prefix of
+// the test's, one per slot tag, and a plain client of each server, for
+// INFO.
+func benchTopology(tb testing.TB, topo string, rt *rtCounter) (client redis.UniversalClient, keys []string, servers []*redis.Client) {
+	tb.Helper()
+	var prefix string
+	if topo == "standalone" {
+		srv := redistest.Standalone(tb)
+		prefix = srv.Prefix(tb)
+		c := srv.Client(tb, &redis.Options{PoolSize: 128})
+		c.AddHook(rt)
+		client = c
+		servers = append(servers, srv.Client(tb, nil))
+	} else {
+		cl := redistest.Cluster(tb)
+		prefix = cl.Prefix(tb)
+		for _, n := range cl.Nodes() {
+			servers = append(servers, n.Client(tb, nil))
+		}
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128})
+		tb.Cleanup(func() { _ = cc.Close() })
+		cc.OnNewNode(func(c *redis.Client) { c.AddHook(rt) })
+		client = cc
+	}
+	return client, benchKeyNames(prefix), servers
+}
+
+// benchKeyNames returns benchKeys keys under prefix, one per slot tag.
+func benchKeyNames(prefix string) []string {
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
+	}
+	return keys
 }

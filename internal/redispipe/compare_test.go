@@ -39,34 +39,8 @@ func TestCompare(t *testing.T) {
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n| topology | goroutines | variant | decisions/s | p50 µs | p99 µs | calls/round trip | server CPU µs/decision | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, topo := range []string{"standalone", "cluster"} {
-		var (
-			client  redis.UniversalClient
-			prefix  string
-			rt      = &rtCounter{}
-			servers []*redis.Client // for INFO cpu
-		)
-		if topo == "standalone" {
-			srv := redistest.Standalone(t)
-			prefix = srv.Prefix(t)
-			c := srv.Client(t, &redis.Options{PoolSize: 128})
-			c.AddHook(rt)
-			client = c
-			servers = append(servers, srv.Client(t, nil))
-		} else {
-			cl := redistest.Cluster(t)
-			prefix = cl.Prefix(t)
-			for _, n := range cl.Nodes() {
-				servers = append(servers, n.Client(t, nil))
-			}
-			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128})
-			t.Cleanup(func() { _ = cc.Close() })
-			cc.OnNewNode(func(c *redis.Client) { c.AddHook(rt) })
-			client = cc
-		}
-		keys := make([]string, benchKeys)
-		for i := range keys {
-			keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
-		}
+		rt := &rtCounter{}
+		client, keys, servers := benchTopology(t, topo, rt)
 		ap, err := autoPipeline(client)
 		if err != nil {
 			t.Fatal(err)
@@ -225,10 +199,7 @@ func TestCompareMaxBatch(t *testing.T) {
 	rt := &rtCounter{}
 	c := srv.Client(t, &redis.Options{PoolSize: 128})
 	c.AddHook(rt)
-	keys := make([]string, benchKeys)
-	for i := range keys {
-		keys[i] = prefix + "{" + strconv.Itoa(i) + "}:per-ip:60000"
-	}
+	keys := benchKeyNames(prefix)
 	sizes := []int{16, 32, 64, 128, 256}
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n| goroutines | MaxBatch | decisions/s | p50 µs | p99 µs | calls/round trip |\n|---|---|---|---|---|---|\n")
