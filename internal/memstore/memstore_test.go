@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -504,7 +505,7 @@ func TestReadsAndDenialsDoNotRoll(t *testing.T) {
 			t.Errorf("step %d: allowed %v, want %v", i, ok, st.wantAllowed)
 		}
 	}
-	if got, _ := s.stateOf("rule", "k", time.Minute); got != written {
+	if got, _ := s.stateOf("rule", "k", time.Minute); !reflect.DeepEqual(got, written) {
 		t.Errorf("stored state %+v, want %+v as the first request wrote it", got, written)
 	}
 }

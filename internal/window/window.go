@@ -51,6 +51,8 @@ package window
 
 import (
 	"fmt"
+	"hash/fnv"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,34 +64,90 @@ const (
 	MaxRequests = 1 << 50
 	// MaxWindow is the longest Window a Limit may have: 3660 days.
 	MaxWindow = 3660 * 24 * time.Hour
+	// DefaultMaxLog is the largest Requests of a SlidingLog limit whose
+	// MaxLog is zero: a log of 1000 entries costs about 12 KB per client
+	// in Redis and 16 KB in memory at the worst.
+	DefaultMaxLog = 1000
+	// MaxLogRequests is the largest MaxLog, and so the largest Requests of
+	// any SlidingLog limit.
+	MaxLogRequests = 100_000
 	// exact is the bound every intermediate value of the arithmetic stays
 	// within: 2^53, the range of integers a double holds exactly.
 	exact = 1 << 53
 )
 
-// Limit is a number of requests allowed per window.
+// Limit is a number of requests allowed per window, and the algorithm
+// that counts them.
 type Limit struct {
 	// Requests is how many requests (cost units) the window admits,
-	// 1 to MaxRequests.
+	// 1 to MaxRequests. For TokenBucket it is the refill: Requests tokens
+	// per Window.
 	Requests int
 	// Window is the length of the window: a whole number of milliseconds,
-	// 1 ms to MaxWindow.
+	// 1 ms to MaxWindow. A FixedWindow limit with a Period may leave it
+	// zero (or set it to the period's nominal length, see Span).
 	Window time.Duration
+	// Algorithm is how requests are counted; the zero value is
+	// SlidingWindow.
+	Algorithm Algorithm
+	// Burst is a TokenBucket's capacity: how many requests it admits at
+	// once after a quiet spell. Zero means Requests. Other algorithms
+	// must leave it zero.
+	Burst int
+	// Period, for a FixedWindow limit, replaces Window with a calendar
+	// period (a day, a week starting on Monday, or a month) in Location,
+	// which is not a fixed duration: months have 28 to 31 days, and days
+	// 23 to 25 hours across daylight-saving changes. Other algorithms must
+	// leave it zero.
+	Period Period
+	// Location is the time zone of Period; nil means UTC. It must be nil
+	// without a Period.
+	Location *time.Location
+	// MaxLog raises, for a SlidingLog limit, the largest Requests allowed
+	// above DefaultMaxLog, up to MaxLogRequests: a sliding log keeps one
+	// entry per request, so its memory per client grows with Requests (see
+	// the package doc). Zero means DefaultMaxLog. Other algorithms must
+	// leave it zero.
+	MaxLog int
 }
 
-// String returns the limit as "100/1m0s".
+// String returns the limit as "100/1m0s", followed by its algorithm when
+// it is not the sliding window ("10/1s token_bucket burst 20",
+// "1000/calendar_day Europe/Paris fixed_window").
 func (l Limit) String() string {
-	return fmt.Sprintf("%d/%s", l.Requests, l.Window)
+	s := fmt.Sprintf("%d/%s", l.Requests, l.Window)
+	if l.Period != NoPeriod {
+		s = fmt.Sprintf("%d/%s %s", l.Requests, l.Period, l.loc())
+	}
+	if l.Algorithm != SlidingWindow {
+		s += " " + l.Algorithm.String()
+	}
+	if l.Burst != 0 {
+		s += fmt.Sprintf(" burst %d", l.Burst)
+	}
+	return s
 }
 
 // Validate reports whether the limit can be used, with an error that says
 // what is wrong when it cannot.
 func (l Limit) Validate() error {
 	switch {
+	case l.Algorithm >= algorithms:
+		return fmt.Errorf("limit %s: unknown algorithm %d", l, l.Algorithm)
 	case l.Requests <= 0:
 		return fmt.Errorf("limit %s: requests must be > 0", l)
 	case l.Requests > MaxRequests:
 		return fmt.Errorf("limit %s: requests must be at most 2^50 (%d)", l, MaxRequests)
+	case l.Period != NoPeriod:
+		if l.Algorithm != FixedWindow {
+			return fmt.Errorf("limit %s: a calendar period needs the fixed_window algorithm", l)
+		}
+		if l.Period >= periods {
+			return fmt.Errorf("limit %s: unknown period %d", l, l.Period)
+		}
+		if l.Window != 0 && l.Window != l.Period.nominal() {
+			return fmt.Errorf("limit %s: a calendar period has no window (or its nominal %s)", l, l.Period.nominal())
+		}
 	case l.Window <= 0:
 		return fmt.Errorf("limit %s: window must be > 0", l)
 	case l.Window%time.Millisecond != 0:
@@ -97,15 +155,88 @@ func (l Limit) Validate() error {
 	case l.Window > MaxWindow:
 		return fmt.Errorf("limit %s: window must be at most %s (3660 days)", l, MaxWindow)
 	}
+	switch {
+	case l.Location != nil && l.Period == NoPeriod:
+		return fmt.Errorf("limit %s: a time zone applies only to a calendar period", l)
+	case l.Burst != 0 && l.Algorithm != TokenBucket:
+		return fmt.Errorf("limit %s: burst applies only to the token_bucket algorithm", l)
+	case l.Burst < 0 || l.Burst > MaxRequests:
+		return fmt.Errorf("limit %s: burst must be between 1 and 2^50 (%d), or 0 for requests", l, MaxRequests)
+	case l.MaxLog != 0 && l.Algorithm != SlidingLog:
+		return fmt.Errorf("limit %s: max_log applies only to the sliding_log algorithm", l)
+	case l.MaxLog < 0 || l.MaxLog > MaxLogRequests:
+		return fmt.Errorf("limit %s: max_log must be between 1 and %d, or 0 for %d", l, MaxLogRequests, DefaultMaxLog)
+	case l.Algorithm == SlidingLog && l.Requests > max(l.MaxLog, DefaultMaxLog):
+		return fmt.Errorf("limit %s: a sliding log keeps one entry per request, and %d requests is above its maximum of %d; raise max_log (up to %d) to accept the memory it costs, or use another algorithm", l, l.Requests, max(l.MaxLog, DefaultMaxLog), MaxLogRequests)
+	}
 	return nil
+}
+
+// Capacity is the most a limit admits at once: Burst for a TokenBucket
+// (Requests when Burst is zero), Requests for every other algorithm. It is
+// the quota that headers advertise.
+func (l Limit) Capacity() int {
+	if l.Algorithm == TokenBucket && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Requests
+}
+
+// Span is the limit's window as headers advertise it: Window; the nominal
+// length of a calendar period (1 day, 7 days, 30 days); and, for a token
+// bucket, the time its capacity takes to refill from empty
+// (Capacity * Window / Requests, rounded up to the millisecond).
+func (l Limit) Span() time.Duration {
+	switch {
+	case l.Period != NoPeriod:
+		return l.Period.nominal()
+	case l.Algorithm == TokenBucket && l.Burst > 0 && l.Burst != l.Requests:
+		w := l.Window.Milliseconds()
+		// burst * w may exceed int64 for extreme limits; the span is then
+		// capped.
+		hi, lo := bits.Mul64(uint64(l.Burst), uint64(w))
+		if hi != 0 || lo > uint64(MaxWindow.Milliseconds())*uint64(l.Requests) {
+			return MaxWindow
+		}
+		return time.Duration((int64(lo)+int64(l.Requests)-1)/int64(l.Requests)) * time.Millisecond
+	}
+	return l.Window
+}
+
+// Series identifies, within one Name and Key, the counter a limit uses:
+// limits with the same Series share a counter, whatever their Requests
+// (which plans may change from call to call). For a sliding window it is
+// the window in milliseconds; the algorithm, the period and its time zone
+// are mixed into it for the others, so that changing a limit's algorithm
+// starts its counter afresh.
+func (l Limit) Series() uint64 {
+	if l.Algorithm == SlidingWindow {
+		return uint64(l.Window.Milliseconds())
+	}
+	s := uint64(l.Window.Milliseconds()) | uint64(l.Algorithm)<<60
+	if l.Period != NoPeriod {
+		h := fnv.New64a()
+		h.Write([]byte(l.loc().String()))
+		s = uint64(l.Algorithm)<<60 | uint64(l.Period)<<56 | h.Sum64()&(1<<56-1)
+	}
+	return s
+}
+
+func (l Limit) loc() *time.Location {
+	if l.Location == nil {
+		return time.UTC
+	}
+	return l.Location
 }
 
 // Tick returns the length of the limit's ticks in milliseconds: the
 // smallest divisor R of the window (in ms) such that
-// 3 * (Requests + 1) * (window / R) <= 2^53. It is 1 for every limit whose
-// 3 * (Requests + 1) * window-in-ms is at most 2^53. l must be valid.
+// 3 * (N + 1) * (window / R) <= 2^53, where N is the larger of Requests
+// and Burst. It is 1 for every limit whose 3 * (N + 1) * window-in-ms is
+// at most 2^53. l must be valid, with a Window (it is not used for
+// calendar periods).
 func (l Limit) Tick() int64 {
-	w, n := l.Window.Milliseconds(), int64(l.Requests)+1
+	w, n := l.Window.Milliseconds(), int64(max(l.Requests, l.Burst))+1
 	if n < 1<<20 && w < 1<<31 {
 		return 1 // 3 * n * w < 3 * 2^51: no division needed to know
 	}
@@ -196,15 +327,37 @@ type Decision struct {
 	NextAfter time.Duration
 }
 
-// State is a counter: the start of its current window in Unix milliseconds
-// and the counts of the current and previous windows.
+// State is a counter. What its fields hold depends on the algorithm:
+//
+//   - SlidingWindow: Start is the start of the current window in Unix
+//     milliseconds, Prev and Curr the counts of the previous and current
+//     windows.
+//   - FixedWindow: Start is the start of the window in Unix milliseconds,
+//     Curr its count; Prev is 0.
+//   - TokenBucket: Start is the instant of the level in Unix
+//     milliseconds (a multiple of Prev), Prev the tick R in milliseconds
+//     the level is counted in (Limit.Tick), and Curr the level: the tokens
+//     spent and not yet refilled, in units of 1/(Window/R) token. An empty
+//     level (0) is a full bucket.
+//   - SlidingLog: Log lists the admitted requests, oldest first, and Curr
+//     is the sum of their costs; Start and Prev are 0.
+//
+// The zero State is a counter that nothing was ever charged to.
 type State struct {
 	Start int64
 	Prev  int64
 	Curr  int64
+	Log   []Entry
 }
 
-// Roll moves s to the window that contains now (Unix milliseconds) for
+// Entry is one instant of a sliding log: N units admitted at At (Unix
+// milliseconds).
+type Entry struct {
+	At int64
+	N  int64
+}
+
+// Roll moves the SlidingWindow state s to the window that contains now (Unix milliseconds) for
 // windows of w milliseconds anchored at s.Start, and returns it with the
 // instant to decide at. A counter that is empty, or becomes empty by
 // rolling, starts afresh at now. An instant earlier than s's window (a
@@ -263,24 +416,6 @@ func (p params) fits(x pos, c int64) bool {
 		return false // also keeps (curr+c)*w exact
 	}
 	return x.prev*(p.w-1-x.e)+(x.curr+c)*p.w <= p.limit*p.w
-}
-
-// Fits reports whether a request of cost c fits l under state s at at
-// (Unix milliseconds). s must already be rolled, and at be the instant Roll
-// returned.
-func Fits(s State, at int64, l Limit, c int64) bool {
-	p := paramsOf(l)
-	return p.fits(p.pos(s, at), c)
-}
-
-// Describe computes the Decision for state s at at (Unix milliseconds). s
-// must already be rolled (at being the instant Roll returned) and, if the
-// request was admitted, already charged. allowed is whether this limit
-// admits the request and c the request's cost, used for RetryAfter when
-// allowed is false.
-func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
-	p := paramsOf(l)
-	return p.describe(p.pos(s, at), c, allowed)
 }
 
 func (p params) describe(x pos, c int64, allowed bool) Decision {
@@ -363,34 +498,130 @@ func (p params) grow(x pos, rem, free int64) int64 {
 // writes one Decision per charge into out and reports whether the request
 // was admitted. states, charges and out must have the same length, and the
 // limits be valid. A charge whose cost exceeds its limit is never admitted
-// and its RetryAfter is -1ns.
+// and its RetryAfter is -1ns. A SlidingLog state's Log may be modified in
+// place and appended to.
 func Take(states []State, now int64, charges []Charge, out []Decision) bool {
 	const inline = 8
 	var atBuf [inline]int64
-	var pBuf [inline]params
-	at, ps := atBuf[:0], pBuf[:0]
+	at := atBuf[:0]
 	if len(charges) > inline {
-		at, ps = make([]int64, 0, len(charges)), make([]params, 0, len(charges))
+		at = make([]int64, 0, len(charges))
 	}
 	all := true
 	for i := range charges {
 		c := &charges[i]
-		p := paramsOf(c.Limit)
 		var t int64
-		states[i], t = Roll(states[i], now, p.r*p.w)
-		at, ps = append(at, t), append(ps, p)
-		ok := p.fits(p.pos(states[i], t), int64(c.Cost))
+		states[i], t = c.Limit.Roll(states[i], now)
+		at = append(at, t)
+		ok := Fits(states[i], t, c.Limit, int64(c.Cost))
 		out[i].Allowed = ok
 		all = all && ok
 	}
 	for i := range charges {
-		c, p := &charges[i], &ps[i]
+		c := &charges[i]
 		if all {
-			states[i].Curr += int64(c.Cost)
+			Add(&states[i], at[i], c.Limit, int64(c.Cost))
 		}
-		out[i] = p.describe(p.pos(states[i], at[i]), int64(c.Cost), out[i].Allowed)
+		out[i] = Describe(states[i], at[i], c.Limit, int64(c.Cost), out[i].Allowed)
 	}
 	return all
+}
+
+// Roll moves s to now (Unix milliseconds) under l's algorithm, and returns
+// it with the instant to decide at, which is now unless the clock went
+// backwards: a state is never moved back in time, and an earlier instant
+// is decided at the state's own.
+func (l Limit) Roll(s State, now int64) (State, int64) {
+	switch l.Algorithm {
+	case FixedWindow:
+		return rollFixed(l, s, now)
+	case TokenBucket:
+		return rollToken(l, s, now)
+	case SlidingLog:
+		return rollLog(l, s, now)
+	}
+	return Roll(s, now, l.Window.Milliseconds())
+}
+
+// Fits reports whether a request of cost c fits l under state s at at
+// (Unix milliseconds). s must already be rolled, and at be the instant
+// Limit.Roll returned.
+func Fits(s State, at int64, l Limit, c int64) bool {
+	switch l.Algorithm {
+	case FixedWindow, SlidingLog:
+		return c <= int64(l.Requests) && s.Curr+c <= int64(l.Requests)
+	case TokenBucket:
+		return tokenParams(l).fits(s.Curr, c)
+	}
+	p := paramsOf(l)
+	return p.fits(p.pos(s, at), c)
+}
+
+// Add charges cost c to the rolled state s at at, as Take does for an
+// admitted request. A store that merges several charges on one counter
+// adds the extra costs with it.
+func Add(s *State, at int64, l Limit, c int64) {
+	switch l.Algorithm {
+	case TokenBucket:
+		s.Curr += c * tokenParams(l).w
+	case SlidingLog:
+		if c == 0 {
+			return
+		}
+		s.Curr += c
+		if n := len(s.Log); n > 0 && s.Log[n-1].At == at {
+			s.Log[n-1].N += c
+		} else {
+			s.Log = append(s.Log, Entry{At: at, N: c})
+		}
+	default:
+		s.Curr += c
+	}
+}
+
+// Describe computes the Decision for state s at at (Unix milliseconds). s
+// must already be rolled (at being the instant Limit.Roll returned) and, if
+// the request was admitted, already charged (Add). allowed is whether this
+// limit admits the request and c the request's cost, used for RetryAfter
+// when allowed is false.
+func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
+	switch l.Algorithm {
+	case FixedWindow:
+		return describeFixed(l, s, at, c, allowed)
+	case TokenBucket:
+		return tokenParams(l).describe(s, at, c, allowed)
+	case SlidingLog:
+		return DescribeLog(l, Summarize(l, s, at, c), at, c, allowed)
+	}
+	p := paramsOf(l)
+	return p.describe(p.pos(s, at), c, allowed)
+}
+
+// ExpiryOf is how long after now a counter of l in the rolled and charged
+// state s can still influence a decision (-1 if it no longer can): until
+// its fixed window ends, its bucket is full again, its newest log entry
+// leaves, or, for the sliding window, until the end of the window after
+// the current one.
+func ExpiryOf(l Limit, s State, now int64) time.Duration {
+	var d int64
+	switch l.Algorithm {
+	case FixedWindow:
+		_, end := l.Bounds(max(now, s.Start))
+		d = end - now
+	case TokenBucket:
+		p := tokenParams(l)
+		d = p.empty(s.Curr)*p.r + s.Start - now
+	case SlidingLog:
+		if n := len(s.Log); n > 0 {
+			d = s.Log[n-1].At + l.Window.Milliseconds() - now
+		}
+	default:
+		return Expiry(s.Start, now, l.Window.Milliseconds())
+	}
+	if d <= 0 || s.Curr == 0 {
+		return -1
+	}
+	return time.Duration(d) * time.Millisecond
 }
 
 // Expiry is how long after its last update a counter with windows of w can

@@ -1,0 +1,169 @@
+package window
+
+import (
+	"fmt"
+	"time"
+)
+
+// Algorithm is how a limit counts requests. Every store implements every
+// algorithm with the arithmetic of this package, so that stores can be
+// swapped without changing what clients see.
+type Algorithm uint8
+
+const (
+	// SlidingWindow is the sliding-window counter: a count per window and
+	// a weighted share of the previous window's count. Near-exact (at most
+	// Requests + 1 in any interval of one Window) at constant memory. It
+	// is the default.
+	SlidingWindow Algorithm = iota
+	// FixedWindow counts requests in windows aligned to the Unix epoch (a
+	// day renews at 00:00 UTC), or in calendar periods (see Period). The
+	// quota renews whole at known instants; a client may spend it at the
+	// end of one window and again at the start of the next, so up to
+	// 2 * Requests pass in an interval of one Window that straddles a
+	// boundary.
+	FixedWindow
+	// SlidingLog keeps the instant of every admitted request for one
+	// Window: exact (at most Requests in any interval of one Window), at a
+	// memory cost per client that grows with Requests (see MaxLog).
+	SlidingLog
+	// TokenBucket holds up to Burst tokens (Requests when Burst is 0) and
+	// refills Requests tokens per Window, continuously; a request spends
+	// one token per unit of cost. It admits bursts of Burst with a steady
+	// average of Requests per Window: at most Burst + Requests in any
+	// interval of one Window.
+	TokenBucket
+
+	algorithms // the number of algorithms
+)
+
+var algorithmNames = [...]string{
+	SlidingWindow: "sliding_window",
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+	TokenBucket:   "token_bucket",
+}
+
+// String returns the algorithm's name as the rules file spells it, such as
+// "token_bucket".
+func (a Algorithm) String() string {
+	if a < algorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", a)
+}
+
+// ParseAlgorithm returns the algorithm named s ("sliding_window",
+// "fixed_window", "sliding_log" or "token_bucket").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for a, n := range algorithmNames {
+		if n == s {
+			return Algorithm(a), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want sliding_window, fixed_window, sliding_log or token_bucket)", s)
+}
+
+// Period is a calendar period of a FixedWindow limit.
+type Period uint8
+
+const (
+	// NoPeriod means the limit's Window, aligned to the Unix epoch.
+	NoPeriod Period = iota
+	// CalendarDay renews at midnight in the limit's Location.
+	CalendarDay
+	// CalendarWeek renews on Monday at midnight in the limit's Location.
+	CalendarWeek
+	// CalendarMonth renews on the first day of each month at midnight in
+	// the limit's Location.
+	CalendarMonth
+
+	periods // the number of periods, NoPeriod included
+)
+
+var periodNames = [...]string{
+	NoPeriod:      "",
+	CalendarDay:   "calendar_day",
+	CalendarWeek:  "calendar_week",
+	CalendarMonth: "calendar_month",
+}
+
+// String returns the period's name as the rules file spells it, such as
+// "calendar_month", or "" for NoPeriod.
+func (p Period) String() string {
+	if p < periods {
+		return periodNames[p]
+	}
+	return fmt.Sprintf("Period(%d)", p)
+}
+
+// ParsePeriod returns the period named s ("calendar_day", "calendar_week"
+// or "calendar_month"), and false if s names none.
+func ParsePeriod(s string) (Period, bool) {
+	for p, n := range periodNames {
+		if p != 0 && n == s {
+			return Period(p), true
+		}
+	}
+	return NoPeriod, false
+}
+
+// nominal is the period's length as headers advertise it: 1, 7 and 30
+// days.
+func (p Period) nominal() time.Duration {
+	switch p {
+	case CalendarDay:
+		return 24 * time.Hour
+	case CalendarWeek:
+		return 7 * 24 * time.Hour
+	case CalendarMonth:
+		return 30 * 24 * time.Hour
+	}
+	return 0
+}
+
+// bounds returns the start and end (Unix ms) of the period that contains
+// at in loc. A midnight that does not exist (a daylight-saving change at
+// 00:00) is taken as Go's time.Date normalises it; the result always
+// contains at.
+func (p Period) bounds(at int64, loc *time.Location) (start, end int64) {
+	t := time.UnixMilli(at).In(loc)
+	y, m, d := t.Date()
+	var s, e time.Time
+	switch p {
+	case CalendarDay:
+		s, e = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	case CalendarWeek:
+		off := (int(t.Weekday()) + 6) % 7 // days since Monday
+		s, e = time.Date(y, m, d-off, 0, 0, 0, 0, loc), time.Date(y, m, d-off+7, 0, 0, 0, 0, loc)
+	default:
+		s, e = time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+	}
+	return min(s.UnixMilli(), at), max(e.UnixMilli(), at+1)
+}
+
+// Bounds returns the start and end, in Unix ms, of the fixed window of l
+// that contains at: [at - at mod Window, +Window) for a Window aligned to
+// the Unix epoch, the calendar period in l.Location otherwise. l must be a
+// valid FixedWindow limit and at >= 0.
+func (l Limit) Bounds(at int64) (start, end int64) {
+	if l.Period != NoPeriod {
+		return l.Period.bounds(at, l.loc())
+	}
+	w := l.Window.Milliseconds()
+	start = at - at%w
+	return start, start + w
+}
+
+// Boundaries returns four consecutive window boundaries of the FixedWindow
+// limit l around at: the start of the window before the one containing
+// at, the start and end of that window, and the end of the next one. A
+// store whose clock is elsewhere (Redis TIME) picks, among the three
+// windows they delimit, the one that contains its own instant, which lets
+// calendar periods be decided where no time-zone database exists.
+func (l Limit) Boundaries(at int64) [4]int64 {
+	s, e := l.Bounds(at)
+	p, _ := l.Bounds(max(s-1, 0))
+	_, n := l.Bounds(e)
+	return [4]int64{p, s, e, n}
+}
