@@ -115,6 +115,14 @@ func rule(n int, key func(t *testing.T) keyfunc.Func) func(t *testing.T) []middl
 	}
 }
 
+// limitRule returns the rules of a scenario with one rule, named
+// "default", of limit l keyed by the peer's address.
+func limitRule(l middleware.Limit) func(t *testing.T) []middleware.Rule {
+	return func(*testing.T) []middleware.Rule {
+		return []middleware.Rule{{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{l}}}
+	}
+}
+
 func fixed(fn keyfunc.Func) func(*testing.T) keyfunc.Func {
 	return func(*testing.T) keyfunc.Func { return fn }
 }
@@ -161,6 +169,8 @@ func scenarios() []scenario {
 	burst1s := pol{"burst-1s", 2, 1, `"burst-1s";q=2;w=1, "burst-1m";q=3;w=60`}
 	burst1m := pol{"burst-1m", 3, 60, burst1s.header}
 	global, search := single("global", 5), single("search", 2)
+	bucket := pol{"default", 4, 120, `"default";q=4;w=120`}
+	daily := pol{"default", 1, 86400, `"default";q=1;w=86400`}
 	search.header = global.header + ", " + search.header
 	return []scenario{
 		{
@@ -311,6 +321,57 @@ func scenarios() []scenario {
 				post("/users/2").wants(deny(p1, 0, 120, 120, 120)),
 				get("/users/1").wants(unlimited),
 				post("/hello").wants(unlimited),
+			},
+		},
+		{
+			// 2 tokens a minute (one every 30 s) in a bucket of 4: the
+			// policy advertises the burst and the time it takes to refill
+			// (4 tokens at 2 a minute: 120 s).
+			name:  "algorithm/token-bucket",
+			rules: limitRule(middleware.PerMinute(2).TokenBucket(4)),
+			steps: []step{
+				get("/hello").wants(allow(bucket, 3, 30, 30)),
+				get("/hello").wants(allow(bucket, 2, 60, 30)),
+				get("/hello").wants(allow(bucket, 1, 90, 30)),
+				get("/hello").wants(allow(bucket, 0, 120, 30)),
+				get("/hello").wants(deny(bucket, 0, 120, 30, 30)),
+				// 45 s later 1.5 tokens are back: one is spent, and the
+				// half left needs 15 s more.
+				get("/hello").after(45 * time.Second).wants(allow(bucket, 0, 105, 15)),
+			},
+		},
+		{
+			// 2 a minute in windows aligned to the epoch: t0 is 30 s
+			// before the next one, when the whole quota comes back.
+			name:  "algorithm/fixed-window",
+			rules: limitRule(middleware.PerMinute(2).FixedWindow()),
+			steps: []step{
+				get("/hello").wants(allow(p2, 1, 30, 30)),
+				get("/hello").wants(allow(p2, 0, 30, 30)),
+				get("/hello").wants(deny(p2, 0, 30, 30, 30)),
+				get("/hello").after(30 * time.Second).wants(allow(p2, 1, 60, 60)),
+			},
+		},
+		{
+			// 2 a minute, exact: Retry-After is when the oldest request
+			// stops counting.
+			name:  "algorithm/sliding-log",
+			rules: limitRule(middleware.PerMinute(2).SlidingLog()),
+			steps: []step{
+				get("/hello").wants(allow(p2, 1, 60, 60)),
+				get("/hello").after(10 * time.Second).wants(allow(p2, 0, 60, 50)),
+				get("/hello").wants(deny(p2, 0, 60, 50, 50)),
+				get("/hello").after(50 * time.Second).wants(allow(p2, 0, 60, 10)),
+			},
+		},
+		{
+			// One a calendar day in UTC: t0 is 30 s after midnight.
+			name:  "algorithm/calendar-day",
+			rules: limitRule(middleware.Calendar(1, middleware.CalendarDay, nil)),
+			steps: []step{
+				get("/hello").wants(allow(daily, 0, 86370, 86370)),
+				get("/hello").wants(deny(daily, 0, 86370, 86370, 86370)),
+				get("/hello").after(86370 * time.Second).wants(allow(daily, 0, 86400, 86400)),
 			},
 		},
 		{

@@ -24,6 +24,9 @@ var exampleRoutes = []struct{ method, path, body string }{
 	{http.MethodGet, "/api/search", `{"results":[]}`},
 	{http.MethodPost, "/api/login", `{"token":"demo"}`},
 	{http.MethodPost, "/api/upload", `{"stored":true}`},
+	{http.MethodGet, "/api/quote", `{"price":42}`},
+	{http.MethodPost, "/api/export", `{"export":"queued"}`},
+	{http.MethodGet, "/api/report", `{"report":"daily"}`},
 }
 
 // serveFunc serves lim's routes on ln until ctx is done.

@@ -209,7 +209,9 @@ func printUsage(host, framework, store, rulesFile string) {
 	if rulesFile != "" {
 		fmt.Printf(`  curl -i http://%[1]s/api/data                          # 100/min per address
   curl -i -H 'X-User: alice' http://%[1]s/api/data       # alice is on the pro plan: 1000/min
-  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/login; done   # 5 per 5 min: the 6th is 429
+  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/login; done   # sliding log, 5 per 5 min: the 6th is 429
+  for i in $(seq 9); do curl -s -o /dev/null -w '%%{http_code}\n' http://%[1]s/api/quote; done   # token bucket, 4/s with bursts of 8: the 9th is 429
+  for i in $(seq 4); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/export; done  # 3 a calendar day in Paris: the 4th is 429
 `, host)
 		return
 	}

@@ -36,6 +36,11 @@ func TestExampleServers(t *testing.T) {
 		{"POST", "/api/login", [2]string{}, 1, 429},
 		{"POST", "/api/login", [2]string{"X-User", "alice"}, 1, 429}, // login counts per address
 		{"GET", "/api/data", [2]string{"X-User", "bob"}, 1, 200},
+		{"GET", "/api/quote", [2]string{}, 8, 200}, // token bucket: a burst of 8
+		{"GET", "/api/quote", [2]string{}, 1, 429},
+		{"POST", "/api/export", [2]string{}, 3, 200}, // 3 a calendar day
+		{"POST", "/api/export", [2]string{}, 1, 429},
+		{"GET", "/api/report", [2]string{}, 5, 200}, // 1000 a day
 	}
 	for name, serve := range frameworks {
 		for _, file := range []bool{false, true} {

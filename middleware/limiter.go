@@ -331,8 +331,8 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
 		for _, prev := range nominal[:i] {
-			if prev.Window == lim.Window {
-				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one counter per window", c.Name, lim.Window)
+			if windowName(prev) == windowName(lim) {
+				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
 			}
 		}
 		eff, err := withOverage(lim, c.Overage)
@@ -341,7 +341,7 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 		}
 		limits = append(limits, eff)
 		names = append(names, policyName(c.Name, lim, len(nominal)))
-		ps[i] = headers.Policy{Name: names[i], Quota: lim.Requests, Window: lim.Window}
+		ps[i] = policyOf(names[i], lim)
 	}
 	return limits, nominal, names, headers.FormatPolicies(ps...), nil
 }
@@ -354,7 +354,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 	}
 	v := headers.Values{
 		Name:       res.Policy,
-		Limit:      res.Limit.Requests,
+		Limit:      res.Limit.Capacity(),
 		Remaining:  res.Remaining,
 		Reset:      res.ResetAfter,
 		Next:       res.NextAfter,
@@ -497,7 +497,7 @@ func longerWait(a, b time.Duration) bool {
 // nominalRemaining reports remaining requests against the nominal limit when
 // a rule allows overage: the overage is not advertised.
 func nominalRemaining(rem int, eff, nominal Limit) int {
-	if extra := eff.Requests - nominal.Requests; extra > 0 {
+	if extra := eff.Capacity() - nominal.Capacity(); extra > 0 {
 		rem = max(rem-extra, 0)
 	}
 	return rem

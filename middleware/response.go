@@ -28,9 +28,9 @@ func DenyBody(res *Result) []byte {
 	b = append(b, `,"policy":`...)
 	b = strconv.AppendQuote(b, res.Policy)
 	b = append(b, `,"limit":`...)
-	b = strconv.AppendInt(b, int64(res.Limit.Requests), 10)
+	b = strconv.AppendInt(b, int64(res.Limit.Capacity()), 10)
 	b = append(b, `,"window_seconds":`...)
-	b = strconv.AppendInt(b, headers.Seconds(res.Limit.Window), 10)
+	b = strconv.AppendInt(b, headers.Seconds(res.Limit.Span()), 10)
 	if res.RetryAfter >= 0 {
 		b = append(b, `,"retry_after_seconds":`...)
 		b = strconv.AppendInt(b, headers.Seconds(res.RetryAfter), 10)

@@ -164,16 +164,17 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if c.methods&(1<<0) != 0 { // GET
 		c.methods |= 1 << 1 // HEAD
 	}
-	windows := map[time.Duration]bool{}
+	windows := map[string]bool{}
 	for _, l := range c.Limits {
 		if err := l.Validate(); err != nil {
 			return nil, errorf("%v", err)
 		}
-		if windows[l.Window] {
-			return nil, errorf("two limits with window %s; one counter per window", l.Window)
+		if w := windowName(l); windows[w] {
+			return nil, errorf("two limits with window %s; one limit per window", w)
+		} else {
+			windows[w] = true
 		}
-		windows[l.Window] = true
-		if r.Cost > l.Requests {
+		if r.Cost > l.Capacity() {
 			return nil, errorf("cost %d exceeds limit %s: no request could ever pass", r.Cost, l)
 		}
 		eff, err := withOverage(l, r.Overage)
@@ -187,14 +188,21 @@ func compileRule(r Rule) (*compiledRule, error) {
 		ps := make([]headers.Policy, len(c.Limits))
 		for i, l := range c.Limits {
 			c.names = append(c.names, policyName(r.Name, l, len(c.Limits)))
-			ps[i] = headers.Policy{Name: c.names[i], Quota: l.Requests, Window: l.Window}
+			ps[i] = policyOf(c.names[i], l)
 		}
 		c.policy = headers.FormatPolicies(ps...)
 	}
 	return c, nil
 }
 
-// withOverage raises l by the fraction o.
+// policyOf is the RateLimit-Policy item of limit l named name: its
+// capacity per its span (see Limit.Capacity and Limit.Span).
+func policyOf(name string, l Limit) headers.Policy {
+	return headers.Policy{Name: name, Quota: l.Capacity(), Window: l.Span()}
+}
+
+// withOverage raises l by the fraction o: its requests and, for a token
+// bucket with a burst, its burst.
 func withOverage(l Limit, o float64) (Limit, error) {
 	if o == 0 {
 		return l, nil
@@ -202,6 +210,9 @@ func withOverage(l Limit, o float64) (Limit, error) {
 	// The epsilon keeps 100 * 0.29 = 28.999999999999996 from truncating
 	// to 28.
 	l.Requests += int(math.Floor(float64(l.Requests)*o + 1e-9))
+	if l.Burst > 0 {
+		l.Burst += int(math.Floor(float64(l.Burst)*o + 1e-9))
+	}
 	if err := l.Validate(); err != nil {
 		return l, fmt.Errorf("with overage: %v", err)
 	}
@@ -209,12 +220,21 @@ func withOverage(l Limit, o float64) (Limit, error) {
 }
 
 // policyName names the policy of limit l of a rule: the rule's name, or for
-// a rule with several limits the name and the window ("api-1s").
+// a rule with several limits the name and the window ("api-1s",
+// "api-calendar_day").
 func policyName(rule string, l Limit, n int) string {
 	if n == 1 {
 		return rule
 	}
-	return rule + "-" + formatWindow(l.Window)
+	return rule + "-" + windowName(l)
+}
+
+// windowName names a limit's window: "1s", "1h", "calendar_day".
+func windowName(l Limit) string {
+	if l.Period != NoPeriod {
+		return l.Period.String()
+	}
+	return formatWindow(l.Window)
 }
 
 func formatWindow(d time.Duration) string {

@@ -7,9 +7,49 @@ import (
 	"github.com/sluicehq/sluice/internal/window"
 )
 
-// Limit is a number of requests allowed per window, such as PerMinute(100).
-// Requests must be > 0 and Window a positive whole number of milliseconds.
+// Limit is a number of requests allowed per window, such as PerMinute(100),
+// and the algorithm that counts them: the sliding-window counter unless
+// Algorithm says otherwise, as in PerSecond(4).TokenBucket(8),
+// PerDay(1000).FixedWindow(), PerMinute(5).SlidingLog() and
+// Calendar(1000, CalendarMonth, loc). Requests must be > 0 and Window a positive whole number of
+// milliseconds.
 type Limit = window.Limit
+
+// Algorithm is how a Limit counts requests. The README's "Choosing an
+// algorithm" compares them.
+type Algorithm = window.Algorithm
+
+// The algorithms.
+const (
+	// SlidingWindow is the sliding-window counter, the default: near-exact
+	// (at most Requests + 1 in any interval of one Window) at constant
+	// memory.
+	SlidingWindow = window.SlidingWindow
+	// FixedWindow counts in windows aligned to the Unix epoch, or in
+	// calendar periods; the quota renews whole at known instants.
+	FixedWindow = window.FixedWindow
+	// SlidingLog keeps one entry per admitted request: exact, with memory
+	// per client that grows with Requests.
+	SlidingLog = window.SlidingLog
+	// TokenBucket refills Requests tokens per Window into a bucket of
+	// Burst tokens: bursts with a steady average.
+	TokenBucket = window.TokenBucket
+)
+
+// Period is a calendar period of a FixedWindow limit.
+type Period = window.Period
+
+// The calendar periods.
+const (
+	// NoPeriod means the limit's Window.
+	NoPeriod = window.NoPeriod
+	// CalendarDay renews at midnight.
+	CalendarDay = window.CalendarDay
+	// CalendarWeek renews on Monday at midnight.
+	CalendarWeek = window.CalendarWeek
+	// CalendarMonth renews on the first of the month at midnight.
+	CalendarMonth = window.CalendarMonth
+)
 
 // PerSecond returns a limit of n requests per second.
 func PerSecond(n int) Limit { return Limit{Requests: n, Window: time.Second} }
@@ -19,6 +59,16 @@ func PerMinute(n int) Limit { return Limit{Requests: n, Window: time.Minute} }
 
 // PerHour returns a limit of n requests per hour.
 func PerHour(n int) Limit { return Limit{Requests: n, Window: time.Hour} }
+
+// PerDay returns a limit of n requests per day (24 hours).
+func PerDay(n int) Limit { return Limit{Requests: n, Window: 24 * time.Hour} }
+
+// Calendar returns a fixed-window limit of n requests per calendar period
+// in loc (nil means UTC): Calendar(1000, CalendarDay, loc) renews at
+// midnight in loc, whatever the length of the day.
+func Calendar(n int, p Period, loc *time.Location) Limit {
+	return Limit{Requests: n, Algorithm: window.FixedWindow, Period: p, Location: loc}
+}
 
 // Charge asks a Store to count Cost against Limit for the counter named by
 // Name, Key and Limit.Window. See Store.

@@ -88,7 +88,7 @@ func (c *Cache) match(b *bucket, j int, id ident, ch *window.Charge, t int64) (w
 			c.dropExpired(b, j, id, t)
 			return window.Decision{}, false
 		}
-		never := int64(ch.Cost) > int64(ch.Limit.Requests)
+		never := int64(ch.Cost) > int64(ch.Limit.Capacity())
 		if int64(ch.Cost) < cost && !never {
 			return window.Decision{}, false
 		}

@@ -11,11 +11,12 @@
 //
 //	counter C admits no request of cost >= c before now + RetryAfter
 //
-// where C is the counter named by the charge's Key, Name, Limit.Window and
-// Limit.Requests, c is the charge's Cost and now the instant passed to
-// Record, together with the Decision the store gave. Limit.Requests is part
-// of the identity because a counter read under a larger limit (a plan that
-// changed) admits sooner: each limit has its own entries.
+// where C is the counter named by the charge's Key, Name and Limit (its
+// Series, Requests and Burst), c is the charge's Cost and now the instant
+// passed to Record, together with the Decision the store gave.
+// Limit.Requests and Limit.Burst are part of the identity because a counter
+// read under a larger limit (a plan that changed) admits sooner: each limit
+// has its own entries. The reasoning below holds for every algorithm.
 //
 // Lookup denies a request if any of its charges names a counter that has a
 // live entry and costs at least the entry's cost. It returns the index of
@@ -62,9 +63,9 @@
 // NeverTTL, so that a misconfigured rule does not send every request to the
 // store, but only if no live entry of that counter exists: a live entry
 // already denies every such charge, since Lookup answers a charge of cost
-// greater than Limit.Requests from any live entry of its counter, with
-// RetryAfter -1ns. This is exact (cost > Requests never fits, whatever the
-// counts), and the short life only keeps the Decision's other figures from
+// greater than the limit's capacity (Limit.Capacity: Requests, or a token
+// bucket's Burst) from any live entry of its counter, with RetryAfter
+// -1ns. This is exact (cost > capacity never fits, whatever the counts), and the short life only keeps the Decision's other figures from
 // growing stale.
 //
 // When Record meets a live entry of the same counter it keeps the old one
@@ -77,14 +78,14 @@
 //
 // Keys come from requests and may be hostile, so the cache keeps no Key:
 // an entry holds a 128-bit digest of the Key (two maphash values with
-// independent random seeds) and a 64-bit digest of (Name, Window,
-// Requests) (a third seed), and a counter matches an entry only if all
+// independent random seeds) and a 64-bit digest of (Name, Series,
+// Requests, Burst) (a third seed), and a counter matches an entry only if all
 // three words are equal. For keys the attacker does not choose, the chance
 // that two live counters of different Keys share an entry is about 2^-128
 // per pair; an attacker who wants their key to land on a victim's must
 // find a 128-bit collision under seeds they never see, and learns nothing
-// from misses. The rule digest does not depend on the Key, and Name,
-// Window and Requests come from configuration, not from requests: two
+// from misses. The rule digest does not depend on the Key, and the Name
+// and the limit come from configuration, not from requests: two
 // configured limits collide with probability 2^-64 per pair and process,
 // and then only for one Key's own counters. And a collision could only
 // deny the other counter's requests until that one entry expires (one
@@ -317,10 +318,10 @@ func (c *Cache) Record(now time.Time, charges []window.Charge, out []window.Deci
 		e := fact{d: *d, cost: int64(ch.Cost), at: t}
 		life := int64(min(d.RetryAfter, maxOffset))
 		if d.RetryAfter < 0 {
-			if ch.Limit.Requests < 0 || int64(ch.Limit.Requests) == math.MaxInt64 {
+			if ch.Limit.Capacity() < 0 || int64(ch.Limit.Capacity()) == math.MaxInt64 {
 				continue
 			}
-			e.never, e.cost, life = true, int64(ch.Limit.Requests)+1, int64(NeverTTL)
+			e.never, e.cost, life = true, int64(ch.Limit.Capacity())+1, int64(NeverTTL)
 			e.d.RetryAfter = -1
 		}
 		if c.maxTTL > 0 {
@@ -379,13 +380,19 @@ func (c *Cache) index(k1 uint64) uint64 {
 	return hi
 }
 
-// rule returns the digest of ch's Name, Window and Requests: a seeded
-// hash of the Name, mixed with the Window and then with Requests by a
-// bijection, so that two limits of one Name collide only through the
-// seeded hash.
+// rule returns the digest of ch's Name and limit: a seeded hash of the
+// Name, mixed by bijections with the limit's Series (its window, and its
+// algorithm, period and time zone if not the sliding window), then with
+// Requests and, for a token bucket, Burst, so that two limits of one Name
+// collide only through the seeded hash (or, for the token bucket, through
+// the mix of Requests and Burst).
 func (c *Cache) rule(ch *window.Charge) uint64 {
-	w, r := uint64(ch.Limit.Window), uint64(ch.Limit.Requests)
-	return mix64(mix64(maphash.String(c.name, ch.Name)^w) ^ r)
+	w, r := ch.Limit.Series(), uint64(ch.Limit.Requests)
+	h := mix64(mix64(maphash.String(c.name, ch.Name)^w) ^ r)
+	if b := ch.Limit.Burst; b != 0 {
+		h = mix64(h ^ uint64(b))
+	}
+	return h
 }
 
 // mix64 is the finalizer of SplitMix64, a bijection of uint64.

@@ -20,8 +20,10 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,17 @@ import (
 // so that this package does not import middleware.
 type Store interface {
 	Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error)
+}
+
+// paris is a time zone whose days start at 23:00 UTC in winter.
+var paris = mustLoad("Europe/Paris")
+
+func mustLoad(name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		panic(err)
+	}
+	return loc
 }
 
 // T0 is the fake instant the tables count from. It starts a minute, an
@@ -286,6 +299,125 @@ var scenarios = []scenario{
 		one(30*24*time.Hour+2591*ms, ch("k", "month", window.Limit{Requests: 1e6, Window: 30 * 24 * time.Hour}, 1), d(true, 0)),
 		one(0, ch("k", "hour", window.Limit{Requests: 1e9, Window: time.Hour}, 1e9), d(true, 0)),
 	}},
+	{"TokenBucket", []step{
+		// 6/min, burst 3: a token is W = 60000 drops, the bucket holds
+		// 180000 and refills 6 drops a ms (a token every 10 s). Remaining
+		// = floor((180000 - level) / 60000).
+		one(0, ch("k", "r", tb(6, 3), 1), d(true, 2)),
+		one(0, ch("k", "r", tb(6, 3), 1), d(true, 1)),
+		one(0, ch("k", "r", tb(6, 3), 1), d(true, 0)),
+		one(0, ch("k", "r", tb(6, 3), 1), d(false, 0)),
+		// 9.999 s later the level is 180000 - 59994 = 120006: one more
+		// token does not fit.
+		one(9999*ms, ch("k", "r", tb(6, 3), 1), d(false, 0)),
+		one(10*sec, ch("k", "r", tb(6, 3), 1), d(true, 0)),
+		// 30 s after the bucket was last empty it is full again.
+		one(40*sec, ch("k", "r", tb(6, 3), 4), d(false, 3)), // above the burst: never
+		one(40*sec, ch("k", "r", tb(6, 3), 3), d(true, 0)),
+		// 15 s later: 180000 - 90000 = 90000, +60000 = 150000.
+		one(55*sec, ch("k", "r", tb(6, 3), 1), d(true, 0)),
+		// Burst 0 means Requests: 2/min holds 2.
+		one(0, ch("k2", "r", tb(2, 0), 2), d(true, 0)),
+		one(30*sec, ch("k2", "r", tb(2, 0), 1), d(true, 0)),
+		one(30*sec, ch("k2", "r", tb(2, 0), 1), d(false, 0)),
+	}},
+	{"FixedWindow", []step{
+		// 3/min in windows aligned to the epoch: T0 starts one.
+		one(10*sec, ch("k", "r", fw(3), 1), d(true, 2)),
+		one(20*sec, ch("k", "r", fw(3), 2), d(true, 0)),
+		one(30*sec, ch("k", "r", fw(3), 1), d(false, 0)),
+		one(59999*ms, ch("k", "r", fw(3), 1), d(false, 0)),
+		// The next window renews the whole quota at once.
+		one(60*sec, ch("k", "r", fw(3), 3), d(true, 0)),
+		one(119999*ms, ch("k", "r", fw(3), 1), d(false, 0)),
+		one(120*sec, ch("k", "r", fw(3), 1), d(true, 2)),
+		one(120*sec, ch("k", "r", fw(3), 4), d(false, 2)), // above the limit: never
+	}},
+	{"CalendarMonth", []step{
+		// 2 per calendar month in Paris: T0 (1 January 00:00 UTC) is
+		// 01:00 in Paris, and January ends there at 31 January 23:00 UTC.
+		one(0, ch("k", "r", cal(2, window.CalendarMonth), 1), d(true, 1)),
+		one(time.Hour, ch("k", "r", cal(2, window.CalendarMonth), 1), d(true, 0)),
+		one(2*time.Hour, ch("k", "r", cal(2, window.CalendarMonth), 1), d(false, 0)),
+		one(30*24*time.Hour+23*time.Hour-ms, ch("k", "r", cal(2, window.CalendarMonth), 1), d(false, 0)),
+		one(30*24*time.Hour+23*time.Hour, ch("k", "r", cal(2, window.CalendarMonth), 1), d(true, 1)),
+		// A calendar day in Paris ends at 23:00 UTC.
+		one(0, ch("k", "day", cal(1, window.CalendarDay), 1), d(true, 0)),
+		one(23*time.Hour-ms, ch("k", "day", cal(1, window.CalendarDay), 1), d(false, 0)),
+		one(23*time.Hour, ch("k", "day", cal(1, window.CalendarDay), 1), d(true, 0)),
+	}},
+	{"SlidingLog", []step{
+		// 3/min, exact: an entry admitted at t counts until t + 60 s.
+		one(0, ch("k", "r", sl(3), 2), d(true, 1)),
+		one(20*sec, ch("k", "r", sl(3), 1), d(true, 0)),
+		one(30*sec, ch("k", "r", sl(3), 1), d(false, 0)),
+		one(59999*ms, ch("k", "r", sl(3), 1), d(false, 0)),
+		// The two units of 0 s leave at 60 s.
+		one(60*sec, ch("k", "r", sl(3), 2), d(true, 0)),
+		one(79999*ms, ch("k", "r", sl(3), 1), d(false, 0)),
+		one(80*sec, ch("k", "r", sl(3), 1), d(true, 0)),
+		one(80*sec, ch("k", "r", sl(3), 4), d(false, 0)), // above the limit: never
+		// Requests in one ms merge into one entry.
+		one(0, ch("k2", "r", sl(3), 1), d(true, 2)),
+		one(0, ch("k2", "r", sl(3), 1), d(true, 1)),
+		one(59999*ms, ch("k2", "r", sl(3), 2), d(false, 1)),
+		one(60*sec, ch("k2", "r", sl(3), 3), d(true, 0)),
+	}},
+	{"MixedAlgorithms", []step{
+		// One request, four algorithms, all or nothing: the token bucket
+		// (1/min, burst 1) denies the second request, which then counts
+		// nowhere.
+		{at: 0, charges: mixed("k"), allowed: true, want: []want{d(true, 9), d(true, 0), d(true, 4), d(true, 2)}},
+		{at: sec, charges: mixed("k"), allowed: false, want: []want{d(true, 9), d(false, 0), d(true, 4), d(true, 2)}},
+		// A minute on: the sliding window's first minute weighs
+		// 1 * (W-1)/W, the bucket is full again, the hour goes on, and
+		// the log's first entry has left.
+		{at: 60 * sec, charges: mixed("k"), allowed: true, want: []want{d(true, 8), d(true, 0), d(true, 3), d(true, 2)}},
+	}},
+	{"MixedAlgorithmsAcrossKeys", allOrNothingAlgorithms("a", "b")},
+}
+
+// tb is a token bucket of n a minute holding burst.
+func tb(n, burst int) window.Limit { return perMin(n).TokenBucket(burst) }
+
+// fw is a fixed window of n a minute.
+func fw(n int) window.Limit { return perMin(n).FixedWindow() }
+
+// sl is a sliding log of n a minute.
+func sl(n int) window.Limit { return perMin(n).SlidingLog() }
+
+// cal is n per calendar period p in Paris.
+func cal(n int, p window.Period) window.Limit {
+	return window.Limit{Requests: n, Algorithm: window.FixedWindow, Period: p, Location: paris}
+}
+
+// mixed charges one key under four algorithms at once.
+func mixed(key string) []window.Charge {
+	return []window.Charge{
+		ch(key, "sw", perMin(10), 1),
+		ch(key, "tb", tb(1, 1), 1),
+		ch(key, "fw", window.Limit{Requests: 5, Window: time.Hour, Algorithm: window.FixedWindow}, 1),
+		ch(key, "sl", sl(3), 1),
+	}
+}
+
+// allOrNothingAlgorithms is a token bucket of 10/min on keyA and a sliding
+// log of 2/min on keyB, charged together until b denies; on Redis Cluster
+// the two keys lie in different slots, so the deny refunds a's charge.
+func allOrNothingAlgorithms(keyA, keyB string) []step {
+	both := func(cost int) []window.Charge {
+		return []window.Charge{ch(keyA, "a", tb(10, 0), cost), ch(keyB, "b", sl(2), cost)}
+	}
+	return []step{
+		{at: 0, charges: both(1), allowed: true, want: []want{d(true, 9), d(true, 1)}},
+		{at: 0, charges: both(1), allowed: true, want: []want{d(true, 8), d(true, 0)}},
+		// b: 3 > 2; a, which fits, is described as not charged.
+		{at: 0, charges: both(1), allowed: false, want: []want{d(true, 8), d(false, 0)}},
+		one(0, ch(keyA, "a", tb(10, 0), 0), d(true, 8)),
+		// a's refill: one token every 6 s.
+		{at: 6 * sec, charges: both(0), allowed: true, want: []want{d(true, 9), d(true, 0)}},
+		{at: 60 * sec, charges: both(1), allowed: true, want: []want{d(true, 9), d(true, 1)}},
+	}
 }
 
 // allOrNothing is a 10/min limit a on keyA and a 3/min limit b on keyB,
@@ -305,21 +437,49 @@ func allOrNothing(keyA, keyB string) []step {
 	}
 }
 
-// counterID names a counter as every store does: Key, Name and window.
+// counterID names a counter as every store does: Key, Name and the
+// limit's Series (its window, and its algorithm, period and time zone).
 type counterID struct {
 	key, name string
-	w         time.Duration
+	series    uint64
+}
+
+func idOf(c window.Charge) counterID { return counterID{c.Key, c.Name, c.Limit.Series()} }
+
+// counter is a counter of the model: its state, the limit it was last
+// charged under and when.
+type counter struct {
+	st  window.State
+	l   window.Limit
+	at  int64
+	set bool
+}
+
+// expiresAt is when the counter stops mattering.
+func (c counter) expiresAt() int64 {
+	d := window.ExpiryOf(c.l, c.st, c.at)
+	if d < 0 {
+		return c.at
+	}
+	return c.at + d.Milliseconds()
 }
 
 // model is the reference store: window.Take over a map of states. Like
 // every store, only admitted charges with a cost change a counter.
-type model map[counterID]window.State
+type model map[counterID]counter
+
+// state returns a copy of the counter's state, safe to modify.
+func (m model) state(id counterID) window.State {
+	st := m[id].st
+	st.Log = slices.Clone(st.Log)
+	return st
+}
 
 // take decides charges at now and, if admitted, counts them.
 func (m model) take(now time.Time, charges []window.Charge) (bool, []window.Decision) {
 	states := make([]window.State, len(charges))
 	for i, c := range charges {
-		states[i] = m[counterID{c.Key, c.Name, c.Limit.Window}]
+		states[i] = m.state(idOf(c))
 	}
 	out := make([]window.Decision, len(charges))
 	ms := window.Millis(now)
@@ -328,10 +488,10 @@ func (m model) take(now time.Time, charges []window.Charge) (bool, []window.Deci
 		// Counters named twice get every cost, rolled once.
 		for _, c := range charges {
 			if c.Cost > 0 {
-				k := counterID{c.Key, c.Name, c.Limit.Window}
-				st, _ := window.Roll(m[k], ms, c.Limit.Window.Milliseconds())
-				st.Curr += int64(c.Cost)
-				m[k] = st
+				k := idOf(c)
+				st, at := c.Limit.Roll(m.state(k), ms)
+				window.Add(&st, at, c.Limit, int64(c.Cost))
+				m[k] = counter{st: st, l: c.Limit, at: at, set: true}
 			}
 		}
 	}
@@ -539,8 +699,8 @@ func testAgainstReference(t *testing.T, s Store) {
 			// (as Redis does in real time), which is indistinguishable
 			// from an empty counter only while the clock goes forward.
 			back := now.Add(-time.Duration(rng.IntN(90_000)) * time.Millisecond)
-			for k, st := range m {
-				exp := time.UnixMilli(st.Start).Add(2 * k.w)
+			for _, c := range m {
+				exp := time.UnixMilli(c.expiresAt())
 				if !exp.After(latest) && exp.After(back) {
 					back = exp
 				}
@@ -563,6 +723,17 @@ func testAgainstReference(t *testing.T, s Store) {
 				Limit: window.Limit{Requests: 1 + rng.IntN(12), Window: windows[rng.IntN(len(windows))]},
 				Cost:  rng.IntN(5),
 			}
+			switch a := window.Algorithm(rng.IntN(4)); a {
+			case window.TokenBucket:
+				c.Limit.Algorithm, c.Limit.Burst = a, rng.IntN(13)
+			case window.FixedWindow:
+				c.Limit.Algorithm = a
+				if rng.IntN(3) == 0 {
+					c.Limit.Window, c.Limit.Period, c.Limit.Location = 0, window.CalendarDay, paris
+				}
+			default:
+				c.Limit.Algorithm = a
+			}
 			if rng.IntN(20) == 0 {
 				c.Cost = 13 + rng.IntN(5) // more than any limit
 			}
@@ -580,4 +751,39 @@ func testAgainstReference(t *testing.T, s Store) {
 				allowed, fmtDecisions(got), wantAllowed, fmtDecisions(want))
 		}
 	}
+}
+
+// Model is the reference store: window.Take over a map of states, in
+// memory, with no bound and no expiry. Running the suite against it checks
+// the hand-worked tables against package window itself.
+type Model struct {
+	mu sync.Mutex
+	m  model
+}
+
+// Take decides charges at now (the zero time means time.Now) as every
+// store does.
+func (s *Model) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
+	if len(out) != len(charges) {
+		return false, fmt.Errorf("model: %d decisions for %d charges", len(out), len(charges))
+	}
+	for i, c := range charges {
+		if err := c.Limit.Validate(); err != nil {
+			return false, fmt.Errorf("model: charge %d: %w", i, err)
+		}
+		if c.Cost < 0 {
+			return false, fmt.Errorf("model: charge %d: negative cost %d", i, c.Cost)
+		}
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = model{}
+	}
+	allowed, ds := s.m.take(now, charges)
+	copy(out, ds)
+	return allowed, nil
 }

@@ -167,3 +167,26 @@ func (l Limit) Boundaries(at int64) [4]int64 {
 	_, n := l.Bounds(e)
 	return [4]int64{p, s, e, n}
 }
+
+// TokenBucket returns l counted by a token bucket that refills l.Requests
+// tokens per l.Window and holds burst tokens (0 means l.Requests):
+// PerSecond(4).TokenBucket(8) admits 8 at once, then 4 per second.
+func (l Limit) TokenBucket(burst int) Limit {
+	l.Algorithm, l.Burst = TokenBucket, burst
+	return l
+}
+
+// FixedWindow returns l counted in fixed windows aligned to the Unix
+// epoch: PerDay(1000).FixedWindow() renews at 00:00 UTC.
+func (l Limit) FixedWindow() Limit {
+	l.Algorithm = FixedWindow
+	return l
+}
+
+// SlidingLog returns l counted by a sliding log, exact: at most l.Requests
+// in any interval of l.Window. Requests may not exceed DefaultMaxLog
+// unless MaxLog raises the bound.
+func (l Limit) SlidingLog() Limit {
+	l.Algorithm = SlidingLog
+	return l
+}

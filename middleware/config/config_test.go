@@ -218,8 +218,8 @@ rules.yaml:1: rules: required`,
 		},
 		{
 			name: "limit unknown field",
-			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, burst: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].burst: unknown field (want requests, window)",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, time_zone, max_log)",
 		},
 		{
 			name: "cost zero",
@@ -450,7 +450,77 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "overage too large for limit",
 			in:   "rules: [{name: a, key: ip, overage: 1, limits: [{requests: 1000000000000000, window: 1000d}]}]",
-			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: requests must not exceed 2^50 (1125899906842624)",
+			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: limit 2000000000000000/24000h0m0s: requests must be at most 2^50 (1125899906842624)",
+		},
+		{
+			name: "algorithm unknown",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, algorithm: leaky}]}]",
+			want: `rules.yaml:1: rules[0].limits[0].algorithm: unknown algorithm "leaky" (want sliding_window, fixed_window, sliding_log or token_bucket)`,
+		},
+		{
+			name: "rule algorithm unknown",
+			in:   "rules: [{name: a, key: ip, algorithm: gcra, limits: [{requests: 1, window: 1m}]}]",
+			want: `rules.yaml:1: rules[0].algorithm: unknown algorithm "gcra" (want sliding_window, fixed_window, sliding_log or token_bucket)`,
+		},
+		{
+			name: "burst without token bucket",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, burst: 3}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].burst: applies only to the token_bucket algorithm, not to sliding_window",
+		},
+		{
+			name: "burst zero",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, algorithm: token_bucket, burst: 0}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].burst: 0 must be at least 1",
+		},
+		{
+			name: "calendar period unknown",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: calendar_year}]}]",
+			want: `rules.yaml:1: rules[0].limits[0].window: unknown calendar period "calendar_year": want calendar_day, calendar_week or calendar_month`,
+		},
+		{
+			name: "calendar with token bucket",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: calendar_day, algorithm: token_bucket}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].algorithm: token_bucket cannot count a calendar window (calendar_day): calendar periods need fixed_window",
+		},
+		{
+			name: "time zone unknown",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: calendar_day, time_zone: Mars/Olympus}]}]",
+			want: `rules.yaml:1: rules[0].limits[0].time_zone: unknown time zone "Mars/Olympus" (want an IANA name such as Europe/Paris)`,
+		},
+		{
+			name: "time zone on a duration",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1d, time_zone: Europe/Paris}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].time_zone: applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to 1d",
+		},
+		{
+			name: "rule time zone unused",
+			in:   "rules: [{name: a, key: ip, time_zone: Europe/Paris, limits: [{requests: 1, window: 1d}]}]",
+			want: "rules.yaml:1: rules[0].time_zone: no limit of the rule has a calendar window (calendar_day, calendar_week or calendar_month)",
+		},
+		{
+			name: "calendar window twice",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: calendar_day}, {requests: 2, window: calendar_day, time_zone: UTC}]}]",
+			want: "rules.yaml:1: rules[0].limits[1].window: calendar_day used twice (first at line 1): one limit per window",
+		},
+		{
+			name: "sliding log too long",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 5000, window: 1h, algorithm: sliding_log}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].requests: 5000 is too many for a sliding log, which keeps one entry per request: at most 1000 unless max_log raises it (up to 100000) to accept the memory, or use another algorithm",
+		},
+		{
+			name: "max log too large",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 5000, window: 1h, algorithm: sliding_log, max_log: 200000}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].max_log: 200000 is too large: max_log must not exceed 100000",
+		},
+		{
+			name: "max log without sliding log",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 5, window: 1h, max_log: 10}]}]",
+			want: "rules.yaml:1: rules[0].limits[0].max_log: applies only to the sliding_log algorithm, not to sliding_window",
+		},
+		{
+			name: "cost above burst",
+			in:   "rules: [{name: a, key: ip, cost: 5, limits: [{requests: 10, window: 1s, algorithm: token_bucket, burst: 4}]}]",
+			want: "rules.yaml:1: rules[0].cost: 5 exceeds rules[0].limits[0] (10 per 1s (token_bucket, burst 4)): no request could ever pass",
 		},
 		{
 			name: "plans empty",
@@ -861,6 +931,78 @@ rules:
 
 // TestRulesInLimiter runs requests through a Limiter built from a file:
 // plans, allowlists, shadow rules and the header style.
+func TestAlgorithms(t *testing.T) {
+	t.Parallel()
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const file = `
+rules:
+  - name: defaults
+    key: ip
+    limits: [{requests: 100, window: 1m}]
+  - name: bucket
+    key: ip
+    algorithm: token_bucket
+    limits:
+      - {requests: 4, window: 1s, burst: 8}
+      - {requests: 1000, window: 1h}
+      - {requests: 5, window: 1m, algorithm: sliding_log}
+  - name: quota
+    key: ip
+    time_zone: Europe/Paris
+    limits:
+      - {requests: 1000, window: calendar_day}
+      - {requests: 20000, window: calendar_month, time_zone: UTC}
+      - {requests: 3, window: 1d, algorithm: fixed_window}
+  - name: login
+    key: ip
+    limits: [{requests: 2000, window: 15m, algorithm: sliding_log, max_log: 2000}]
+  - name: planned
+    key: ip
+    algorithm: fixed_window
+    limits: [{requests: 10, window: 1m}]
+    plans:
+      pro: [{requests: 100, window: 1m}, {requests: 3, window: calendar_week}]
+`
+	env := config.Env{Plan: func(keyfunc.Request, string) string { return "pro" }}
+	cfg, err := config.Parse([]byte(file), "rules.yaml", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]middleware.Limit{
+		"defaults": {middleware.PerMinute(100)},
+		"bucket": {
+			middleware.PerSecond(4).TokenBucket(8),
+			middleware.PerHour(1000).TokenBucket(0),
+			middleware.PerMinute(5).SlidingLog(),
+		},
+		"quota": {
+			middleware.Calendar(1000, middleware.CalendarDay, paris),
+			middleware.Calendar(20000, middleware.CalendarMonth, time.UTC),
+			middleware.PerDay(3).FixedWindow(),
+		},
+		"login":   {{Requests: 2000, Window: 15 * time.Minute, Algorithm: middleware.SlidingLog, MaxLog: 2000}},
+		"planned": {middleware.PerMinute(10).FixedWindow()},
+	}
+	for _, r := range cfg.Rules {
+		if !reflect.DeepEqual(r.Limits, want[r.Name]) {
+			t.Errorf("rule %s: limits %v, want %v", r.Name, r.Limits, want[r.Name])
+		}
+		if r.Name == "planned" {
+			got := r.LimitsFunc(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)), "ip:192.0.2.1")
+			wantPro := []middleware.Limit{middleware.PerMinute(100).FixedWindow(), middleware.Calendar(3, middleware.CalendarWeek, nil)}
+			if !reflect.DeepEqual(got, wantPro) {
+				t.Errorf("plan pro: limits %v, want %v", got, wantPro)
+			}
+		}
+	}
+	if _, err := middleware.NewRules(cfg.Rules); err != nil {
+		t.Errorf("NewRules: %v", err)
+	}
+}
+
 func TestRulesInLimiter(t *testing.T) {
 	t.Parallel()
 	const src = `

@@ -29,9 +29,9 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow"}
-	ruleFields  = []string{"name", "match", "key", "limits", "cost", "overage", "shadow", "allow", "plans"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "cost", "overage", "shadow", "allow", "plans"}
 	matchFields = []string{"path", "methods"}
-	limitFields = []string{"requests", "window"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "time_zone", "max_log"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -165,6 +165,9 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	var key keyExpr
 	var limits []middleware.Limit
 	var plans map[string][]middleware.Limit
+	// The rule's algorithm and time zone are defaults for its limits, so
+	// limits and plans are decoded once every field has been seen.
+	var defaults limitDefaults
 	d.fields(n, path, ruleFields, func(field string, v *yaml.Node) {
 		fpath := path + "." + field
 		switch field {
@@ -192,7 +195,15 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			}
 			key, keyNode, r.Key = k, v, k.fn
 		case "limits":
-			limits, limitsNode = d.limits(v, fpath), v
+			limitsNode = v
+		case "algorithm":
+			if a, ok := d.algorithm(v, fpath); ok {
+				defaults.algorithm, defaults.algorithmNode = a, v
+			}
+		case "time_zone":
+			if loc, ok := d.timeZone(v, fpath); ok {
+				defaults.location, defaults.locationNode = loc, v
+			}
 		case "cost":
 			if c, ok := d.int(v, fpath); ok {
 				if c < 1 {
@@ -216,9 +227,18 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 		case "allow":
 			allow = d.allow(v, fpath)
 		case "plans":
-			plans, plansNode = d.plans(v, fpath), v
+			plansNode = v
 		}
 	})
+	if limitsNode != nil {
+		limits = d.limits(limitsNode, path+".limits", &defaults)
+	}
+	if plansNode != nil {
+		plans = d.plans(plansNode, path+".plans", &defaults)
+	}
+	if defaults.locationNode != nil && !defaults.usedLocation && d.ok(start) {
+		d.errorf(defaults.locationNode, path+".time_zone", "no limit of the rule has a calendar window (calendar_day, calendar_week or calendar_month)")
+	}
 	if nameNode == nil && d.ok(start) {
 		d.errorf(n, path+".name", "required")
 	}
@@ -257,16 +277,19 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 // its cost and overage.
 func (d *decoder) checkLimits(limits []middleware.Limit, at *yaml.Node, field string, cost int, costNode *yaml.Node, overage float64, overageNode *yaml.Node, path string) {
 	for i, l := range limits {
-		if cost > l.Requests {
-			d.errorf(costNode, path+".cost", "%d exceeds %s[%d] (%d per %s): no request could ever pass", cost, field, i, l.Requests, formatDuration(l.Window))
+		if cost > l.Capacity() {
+			d.errorf(costNode, path+".cost", "%d exceeds %s[%d] (%s): no request could ever pass", cost, field, i, formatLimit(l))
 		}
 		if overage > 0 {
 			// Rounded up, so that the check is at least as strict as the
 			// Limiter's, whichever way it rounds.
 			eff := l
 			eff.Requests += int(math.Ceil(float64(l.Requests) * overage))
-			if eff.Validate() != nil {
-				d.errorf(overageNode, path+".overage", "%g makes %s[%d] too large: requests must not exceed 2^50 (%d)", overage, field, i, window.MaxRequests)
+			if eff.Burst > 0 {
+				eff.Burst += int(math.Ceil(float64(l.Burst) * overage))
+			}
+			if err := eff.Validate(); err != nil {
+				d.errorf(overageNode, path+".overage", "%g makes %s[%d] too large: %v", overage, field, i, err)
 			}
 		}
 	}
@@ -332,8 +355,18 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) 
 	return p, methods
 }
 
-// limits decodes a list of limits.
-func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
+// limitDefaults are the settings of a rule that apply to each of its
+// limits (and of its plans' limits) that does not set its own.
+type limitDefaults struct {
+	algorithm     window.Algorithm
+	algorithmNode *yaml.Node
+	location      *time.Location
+	locationNode  *yaml.Node
+	usedLocation  bool // some limit took the rule's time zone
+}
+
+// limits decodes a list of limits, applying the rule's defaults.
+func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []middleware.Limit {
 	if !d.seq(n, path) {
 		return nil
 	}
@@ -342,7 +375,7 @@ func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
 		return nil
 	}
 	var out []middleware.Limit
-	windows := map[time.Duration]int{}
+	windows := map[string]int{}
 	for i, ln := range n.Content {
 		ln = resolve(ln)
 		ipath := path + "[" + strconv.Itoa(i) + "]"
@@ -351,8 +384,8 @@ func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
 			continue
 		}
 		start := d.nerrs
-		var l middleware.Limit
-		var reqNode, winNode *yaml.Node
+		l := middleware.Limit{Algorithm: defaults.algorithm}
+		var reqNode, winNode, algNode, burstNode, tzNode, logNode *yaml.Node
 		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
 			fpath := ipath + "." + field
 			switch field {
@@ -365,8 +398,41 @@ func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
 					l.Requests, reqNode = r, v
 				}
 			case "window":
+				if v.Kind == yaml.ScalarNode && strings.HasPrefix(v.Value, "calendar_") {
+					p, ok := window.ParsePeriod(v.Value)
+					if !ok {
+						d.errorf(v, fpath, "unknown calendar period %q: want calendar_day, calendar_week or calendar_month", v.Value)
+						return
+					}
+					l.Period, winNode = p, v
+					return
+				}
 				if w, ok := d.duration(v, fpath); ok {
 					l.Window, winNode = w, v
+				}
+			case "algorithm":
+				if a, ok := d.algorithm(v, fpath); ok {
+					l.Algorithm, algNode = a, v
+				}
+			case "burst":
+				if b, ok := d.int(v, fpath); ok {
+					if b <= 0 {
+						d.errorf(v, fpath, "%d must be at least 1", b)
+						return
+					}
+					l.Burst, burstNode = b, v
+				}
+			case "time_zone":
+				if loc, ok := d.timeZone(v, fpath); ok {
+					l.Location, tzNode = loc, v
+				}
+			case "max_log":
+				if m, ok := d.int(v, fpath); ok {
+					if m <= 0 {
+						d.errorf(v, fpath, "%d must be at least 1", m)
+						return
+					}
+					l.MaxLog, logNode = m, v
 				}
 			}
 		})
@@ -379,26 +445,121 @@ func (d *decoder) limits(n *yaml.Node, path string) []middleware.Limit {
 		if !d.ok(start) {
 			continue
 		}
+		if l.Period != window.NoPeriod {
+			// A calendar period implies a fixed window.
+			switch {
+			case algNode == nil:
+				l.Algorithm = window.FixedWindow
+			case l.Algorithm != window.FixedWindow:
+				d.errorf(algNode, ipath+".algorithm", "%s cannot count a calendar window (%s): calendar periods need fixed_window", l.Algorithm, l.Period)
+				continue
+			}
+			if tzNode == nil && defaults.location != nil {
+				l.Location = defaults.location
+				defaults.usedLocation = true
+			}
+		} else if tzNode != nil {
+			d.errorf(tzNode, ipath+".time_zone", "applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to %s", formatDuration(l.Window))
+			continue
+		}
+		if burstNode != nil && l.Algorithm != window.TokenBucket {
+			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket algorithm, not to %s", l.Algorithm)
+			continue
+		}
+		if logNode != nil && l.Algorithm != window.SlidingLog {
+			d.errorf(logNode, ipath+".max_log", "applies only to the sliding_log algorithm, not to %s", l.Algorithm)
+			continue
+		}
 		if l.Requests > window.MaxRequests {
 			d.errorf(reqNode, ipath+".requests", "%d is too large: requests must not exceed 2^50 (%d)", l.Requests, window.MaxRequests)
+			continue
+		}
+		if l.Burst > window.MaxRequests {
+			d.errorf(burstNode, ipath+".burst", "%d is too large: burst must not exceed 2^50 (%d)", l.Burst, window.MaxRequests)
 			continue
 		}
 		if l.Window > window.MaxWindow {
 			d.errorf(winNode, ipath+".window", "%s is too long: a window must not exceed 3660d", formatDuration(l.Window))
 			continue
 		}
-		if line, dup := windows[l.Window]; dup {
-			d.errorf(winNode, ipath+".window", "%s used twice (first at line %d): one limit per window", formatDuration(l.Window), line)
+		if l.MaxLog > window.MaxLogRequests {
+			d.errorf(logNode, ipath+".max_log", "%d is too large: max_log must not exceed %d", l.MaxLog, window.MaxLogRequests)
 			continue
 		}
-		windows[l.Window] = winNode.Line
+		if l.Algorithm == window.SlidingLog && l.Requests > max(l.MaxLog, window.DefaultMaxLog) {
+			d.errorf(reqNode, ipath+".requests", "%d is too many for a sliding log, which keeps one entry per request: at most %d unless max_log raises it (up to %d) to accept the memory, or use another algorithm", l.Requests, max(l.MaxLog, window.DefaultMaxLog), window.MaxLogRequests)
+			continue
+		}
+		if err := l.Validate(); err != nil {
+			d.errorf(ln, ipath, "%v", err)
+			continue
+		}
+		w := windowName(l)
+		if line, dup := windows[w]; dup {
+			d.errorf(winNode, ipath+".window", "%s used twice (first at line %d): one limit per window", w, line)
+			continue
+		}
+		windows[w] = winNode.Line
 		out = append(out, l)
 	}
 	return out
 }
 
+// windowName is how a file names a limit's window: "1m", "calendar_day".
+func windowName(l middleware.Limit) string {
+	if l.Period != window.NoPeriod {
+		return l.Period.String()
+	}
+	return formatDuration(l.Window)
+}
+
+// formatLimit describes a limit as a file would: "100 per 1m",
+// "10 per 1s (token_bucket, burst 20)".
+func formatLimit(l middleware.Limit) string {
+	s := fmt.Sprintf("%d per %s", l.Requests, windowName(l))
+	switch {
+	case l.Algorithm == window.TokenBucket && l.Burst > 0:
+		s += fmt.Sprintf(" (token_bucket, burst %d)", l.Burst)
+	case l.Algorithm != window.SlidingWindow:
+		s += " (" + l.Algorithm.String() + ")"
+	}
+	return s
+}
+
+// algorithm decodes an algorithm's name.
+func (d *decoder) algorithm(n *yaml.Node, path string) (window.Algorithm, bool) {
+	s, ok := d.str(n, path)
+	if !ok {
+		return 0, false
+	}
+	a, err := window.ParseAlgorithm(s)
+	if err != nil {
+		d.errorf(n, path, "%v", err)
+		return 0, false
+	}
+	return a, true
+}
+
+// timeZone decodes an IANA time zone name such as "Europe/Paris".
+func (d *decoder) timeZone(n *yaml.Node, path string) (*time.Location, bool) {
+	s, ok := d.str(n, path)
+	if !ok {
+		return nil, false
+	}
+	if s == "" || s == "Local" {
+		d.errorf(n, path, "want an IANA time zone name such as UTC or Europe/Paris, got %q", s)
+		return nil, false
+	}
+	loc, err := time.LoadLocation(s)
+	if err != nil {
+		d.errorf(n, path, "unknown time zone %q (want an IANA name such as Europe/Paris)", s)
+		return nil, false
+	}
+	return loc, true
+}
+
 // plans decodes a rule's plans.
-func (d *decoder) plans(n *yaml.Node, path string) map[string][]middleware.Limit {
+func (d *decoder) plans(n *yaml.Node, path string, defaults *limitDefaults) map[string][]middleware.Limit {
 	if n.Kind != yaml.MappingNode {
 		d.errorf(n, path, "want a mapping of plan names to limits, got %s", describe(n))
 		return nil
@@ -414,7 +575,7 @@ func (d *decoder) plans(n *yaml.Node, path string) map[string][]middleware.Limit
 			d.errorf(v, fpath, "bad plan name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", name)
 			return
 		}
-		if l := d.limits(v, fpath); l != nil {
+		if l := d.limits(v, fpath, defaults); l != nil {
 			plans[name] = l
 		}
 	})

@@ -28,8 +28,16 @@
 //	      path: /upload/*  # "", "/*", "/exact", "/prefix/*", "/users/{id}/posts"
 //	      methods: [POST]  # optional, standard methods only, any case
 //	    key: user_or_ip    # required, see below
+//	    algorithm: sliding_window # optional, the default for its limits
+//	    time_zone: UTC     # optional, the default for its calendar windows
 //	    limits:            # required, one limit per window
 //	      - {requests: 20, window: 1h}
+//	      - requests: 4            # required, 1 to 2^50
+//	        window: 1s             # required: a duration or a calendar period
+//	        algorithm: token_bucket  # optional, overrides the rule's
+//	        burst: 8               # token_bucket only: capacity (default requests)
+//	      - {requests: 3, window: calendar_day, time_zone: Europe/Paris}
+//	      - {requests: 5, window: 5m, algorithm: sliding_log, max_log: 1000}
 //	    cost: 1            # optional, units each request consumes (>= 1)
 //	    overage: 0.1       # optional, fraction admitted over each limit (0 to 10)
 //	    shadow: false      # optional, count and report but never deny
@@ -41,8 +49,39 @@
 // "30d") or whole weeks ("1w"), positive, a whole number of milliseconds
 // and at most 3660 days. Requests are integers from 1 to 2^50, so that
 // "1000000 per 30d" and "1000000000 per 1h" are ordinary limits. Requests
-// and cost are integers; a quoted number is an error. Cost may not exceed any limit of the
-// rule or of its plans: such a rule could never admit a request.
+// and cost are integers; a quoted number is an error. Cost may not exceed
+// any limit of the rule or of its plans (a token bucket's burst): such a
+// rule could never admit a request.
+//
+// # Algorithms
+//
+// algorithm, on a limit or on the rule for all its limits, chooses how the
+// limit counts (the README's "Choosing an algorithm" compares them):
+//
+//   - sliding_window (the default): a count per window and a weighted share
+//     of the previous one; at most requests + 1 in any interval of one
+//     window, at constant memory.
+//   - token_bucket: refills requests tokens per window into a bucket of
+//     burst tokens (burst defaults to requests); a request spends a token
+//     per unit of cost. "4 a second, bursts of 8" is
+//     {requests: 4, window: 1s, algorithm: token_bucket, burst: 8}.
+//   - fixed_window: a count per window, renewed whole when the window
+//     ends. A duration's windows are aligned to the Unix epoch (1d renews
+//     at 00:00 UTC); window: calendar_day, calendar_week (from Monday) or
+//     calendar_month renews at midnight in time_zone (an IANA name such as
+//     Europe/Paris; UTC by default), however long the day or month is. A
+//     calendar window implies fixed_window.
+//   - sliding_log: one entry per admitted request, exact: never more than
+//     requests in any interval of one window. Its memory per client grows
+//     with requests, so requests may not exceed 1000 unless max_log raises
+//     that bound (up to 100000), which says the memory is accepted.
+//
+// burst is accepted only with token_bucket, max_log only with sliding_log,
+// and time_zone only with a calendar window (on the rule, only if one of
+// its limits has one). A limit's counter is kept per rule, key, window and
+// algorithm: changing a limit's algorithm (or a calendar window's time
+// zone) on reload starts its counters afresh, and leaves the other limits'
+// counters as they were.
 //
 // # Keys
 //
@@ -75,8 +114,9 @@
 // A rule with plans gets a Rule.LimitsFunc that calls Env.Plan with the
 // request and its key and returns that plan's limits, from memory; the
 // rule's limits apply to every request whose plan has no entry (the default
-// plan). Counters are kept per rule, key and window, so a client whose plan
-// changes keeps its count for the windows both plans share.
+// plan). Counters are kept per rule, key, window and algorithm, so a
+// client whose plan changes keeps its count for the windows both plans
+// share.
 //
 // # Errors
 //

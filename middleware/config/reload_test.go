@@ -381,3 +381,42 @@ func TestReloadConcurrent(t *testing.T) {
 			admitted.Load(), denied.Load(), other.Load(), limit, workers*perWorker-limit)
 	}
 }
+
+// TestReloadAlgorithmChange changes one rule's algorithm: that rule's
+// counters start afresh, the other rule's carry on.
+func TestReloadAlgorithmChange(t *testing.T) {
+	t.Parallel()
+	const (
+		before = `
+rules:
+  - {name: api, match: {path: "/api/*"}, key: ip, limits: [{requests: 5, window: 1m}]}
+  - {name: all, key: ip, limits: [{requests: 50, window: 1m}]}
+`
+		after = `
+rules:
+  - {name: api, match: {path: "/api/*"}, key: ip, algorithm: token_bucket, limits: [{requests: 5, window: 1m, burst: 5}]}
+  - {name: all, key: ip, limits: [{requests: 50, window: 1m}]}
+`
+	)
+	rl, file := openFile(t, before)
+	for range 4 {
+		status(rl, "/api/x")
+	}
+	// Remaining is the lower of the two rules' figures: api's 1.
+	if code, rem := status(rl, "/api/x"); code != 200 || rem != "0" {
+		t.Fatalf("5th api request: %d, remaining %s; want 200, 0", code, rem)
+	}
+	writeFile(t, file, after)
+	if err := rl.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	// api's token bucket is new and full: 4 left after this request.
+	if code, rem := status(rl, "/api/x"); code != 200 || rem != "4" {
+		t.Errorf("api after the change of algorithm: %d, remaining %s; want 200, 4 (a fresh bucket)", code, rem)
+	}
+	// all kept its count: 6 requests of 50.
+	rec := serve(rl.Limiter().Handler(okHandler), request("GET", "/other", "192.0.2.1:1"))
+	if got := rec.Header().Get(headers.Remaining); got != "43" {
+		t.Errorf("all after the reload: remaining %s, want 43 (its counter carried on)", got)
+	}
+}
