@@ -123,23 +123,59 @@ func (p Period) nominal() time.Duration {
 }
 
 // bounds returns the start and end (Unix ms) of the period that contains
-// at in loc. A midnight that does not exist (a daylight-saving change at
-// 00:00) is taken as Go's time.Date normalises it; the result always
-// contains at.
+// at in loc. A period starts at the first instant its first date is shown
+// in loc: its midnight, or where a time-zone change skips midnight (a
+// daylight-saving change at 00:00) or shows it twice, the first instant of
+// that date. If the local date goes back across a period's start (a change
+// at 00:30 to 23:30), the instants shown on the earlier date belong to the
+// later period, so periods never overlap; the result always contains at.
 func (p Period) bounds(at int64, loc *time.Location) (start, end int64) {
 	t := time.UnixMilli(at).In(loc)
 	y, m, d := t.Date()
-	var s, e time.Time
 	switch p {
-	case CalendarDay:
-		s, e = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
 	case CalendarWeek:
-		off := (int(t.Weekday()) + 6) % 7 // days since Monday
-		s, e = time.Date(y, m, d-off, 0, 0, 0, 0, loc), time.Date(y, m, d-off+7, 0, 0, 0, 0, loc)
-	default:
-		s, e = time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+		d -= (int(t.Weekday()) + 6) % 7 // back to Monday
+	case CalendarMonth:
+		d = 1
 	}
-	return min(s.UnixMilli(), at), max(e.UnixMilli(), at+1)
+	for {
+		ny, nm, nd := y, m, d+1
+		switch p {
+		case CalendarWeek:
+			nd = d + 7
+		case CalendarMonth:
+			nm, nd = m+1, 1
+		}
+		start, end = firstInstant(y, m, d, loc), firstInstant(ny, nm, nd, loc)
+		if end > at {
+			return min(start, at), end
+		}
+		y, m, d = ny, nm, nd
+	}
+}
+
+// firstInstant returns, in Unix ms, the first instant at which the date
+// shown in loc is y-m-d (normalised as time.Date does) or later. time.Date
+// alone is not enough: for a midnight that does not exist it may return an
+// instant of the day before, and for one shown twice the second.
+func firstInstant(y int, m time.Month, d int, loc *time.Location) int64 {
+	midnight := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() // as shown
+	// Walk the zones in effect from two days before time.Date's answer
+	// (offsets differ by at most 26 hours). Within one zone the shown time
+	// runs with the instant, so the zone's first instant shown at or after
+	// midnight is the later of its start and of midnight less its offset.
+	for t := time.Date(y, m, d, 0, 0, 0, 0, loc).Add(-48 * time.Hour); ; {
+		_, off := t.Zone()
+		from, to := t.ZoneBounds()
+		c := midnight - int64(off)
+		if !from.IsZero() {
+			c = max(c, from.Unix())
+		}
+		if to.IsZero() || c < to.Unix() {
+			return c * 1000
+		}
+		t = to
+	}
 }
 
 // Bounds returns the start and end, in Unix ms, of the fixed window of l

@@ -1,6 +1,9 @@
 package window
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // The token bucket, counted as the level of a leaky bucket so that the
 // arithmetic stays on exact integers: a token is w "drops" (w = Window / R,
@@ -43,10 +46,18 @@ func rollToken(l Limit, s State, now int64) (State, int64) {
 	if s.Prev != p.r && s.Prev > 0 {
 		// Counted in other ticks (the limit changed so much that its tick
 		// did): re-express the level in whole tokens, rounded up, on the
-		// new tick grid.
+		// new tick grid, as of the last instant it is known to hold. The
+		// old ticks refilled nothing until the level's tick ended, so that
+		// is now or that tick's last millisecond, whichever comes first;
+		// dating it at the tick's start would refill, at the new rate,
+		// tokens the old limit still counted as spent.
 		oldW := max(l.Window.Milliseconds()/s.Prev, 1)
 		tokens := min((level+oldW-1)/oldW, p.burst+1)
-		level, start = tokens*p.w, start-start%p.r
+		level = tokens * p.w
+		if base >= start {
+			start = min(start+s.Prev-1, base)
+		}
+		start -= start % p.r
 	}
 	level = min(level, (p.burst+1)*p.w)
 	if base < start {
@@ -61,14 +72,23 @@ func rollToken(l Limit, s State, now int64) (State, int64) {
 	return State{Start: base, Prev: p.r, Curr: level}, now
 }
 
+// maxDelay is the longest delay a Decision holds, in milliseconds: the
+// most whole milliseconds a time.Duration holds, about 292 years. Only a
+// token bucket whose burst is many times its requests takes longer to
+// refill; its delays are capped there.
+const maxDelay = math.MaxInt64 / int64(time.Millisecond)
+
 // ms converts a delay of d ticks from at to milliseconds: to the start of
-// the tick d ticks after the one at lies in, the state's Start.
+// the tick d ticks after the one at lies in, the state's Start. Delays
+// above maxDelay are capped.
 func (p tparams) ms(s State, at, d int64) time.Duration {
 	switch {
 	case d < 0:
 		return -1
 	case d == 0:
 		return 0
+	case d > (maxDelay+at-s.Start)/p.r:
+		return time.Duration(maxDelay) * time.Millisecond
 	}
 	return time.Duration(d*p.r-(at-s.Start)) * time.Millisecond
 }

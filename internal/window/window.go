@@ -191,14 +191,21 @@ func (l Limit) Span() time.Duration {
 	case l.Period != NoPeriod:
 		return l.Period.nominal()
 	case l.Algorithm == TokenBucket && l.Burst > 0 && l.Burst != l.Requests:
-		w := l.Window.Milliseconds()
-		// burst * w may exceed int64 for extreme limits; the span is then
-		// capped.
-		hi, lo := bits.Mul64(uint64(l.Burst), uint64(w))
-		if hi != 0 || lo > uint64(MaxWindow.Milliseconds())*uint64(l.Requests) {
+		// burst * w may exceed 64 bits for extreme limits, so the quotient
+		// is taken on 128; a span above MaxWindow is capped.
+		hi, lo := bits.Mul64(uint64(l.Burst), uint64(l.Window.Milliseconds()))
+		n := uint64(l.Requests)
+		if hi >= n {
+			return MaxWindow // the quotient does not fit 64 bits
+		}
+		q, r := bits.Div64(hi, lo, n)
+		if r != 0 {
+			q++
+		}
+		if q > uint64(MaxWindow.Milliseconds()) {
 			return MaxWindow
 		}
-		return time.Duration((int64(lo)+int64(l.Requests)-1)/int64(l.Requests)) * time.Millisecond
+		return time.Duration(q) * time.Millisecond
 	}
 	return l.Window
 }
@@ -610,7 +617,10 @@ func ExpiryOf(l Limit, s State, now int64) time.Duration {
 		d = end - now
 	case TokenBucket:
 		p := tokenParams(l)
-		d = p.empty(s.Curr)*p.r + s.Start - now
+		if e := p.ms(s, now, p.empty(s.Curr)); e > 0 && s.Curr != 0 {
+			return e
+		}
+		return -1
 	case SlidingLog:
 		if n := len(s.Log); n > 0 {
 			d = s.Log[n-1].At + l.Window.Milliseconds() - now

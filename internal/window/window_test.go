@@ -292,7 +292,7 @@ var limitsUnderTest = []Limit{
 	{Requests: 100, Window: time.Second},
 	{Requests: 2000, Window: time.Second}, // more than one request per tick
 	{Requests: 5, Window: 2 * time.Second},
-	{Requests: MaxRequests / 4, Window: 3600 * time.Millisecond}, // ticks of 12 ms
+	{Requests: MaxRequests / 4, Window: 3600 * time.Millisecond}, // ticks of 360 ms
 }
 
 // TestRetryAfterIsExact checks, for many states, that a request fits at
