@@ -33,6 +33,13 @@ const (
 	// average of Requests per Window: at most Burst + Requests in any
 	// interval of one Window.
 	TokenBucket
+	// LeakyBucket is a queue drained at Requests per Window: a request
+	// that comes when the queue is empty is admitted at once; one that
+	// comes early is admitted with a Delay, its turn in the queue, if at
+	// most Burst requests are ahead of it (Requests when Burst is 0) and
+	// the wait is at most MaxDelay (when set); otherwise it is denied. The
+	// requests it admits are released at the steady rate.
+	LeakyBucket
 
 	algorithms // the number of algorithms
 )
@@ -42,6 +49,7 @@ var algorithmNames = [...]string{
 	FixedWindow:   "fixed_window",
 	SlidingLog:    "sliding_log",
 	TokenBucket:   "token_bucket",
+	LeakyBucket:   "leaky_bucket",
 }
 
 // String returns the algorithm's name as the rules file spells it, such as
@@ -54,14 +62,14 @@ func (a Algorithm) String() string {
 }
 
 // ParseAlgorithm returns the algorithm named s ("sliding_window",
-// "fixed_window", "sliding_log" or "token_bucket").
+// "fixed_window", "sliding_log", "token_bucket" or "leaky_bucket").
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, n := range algorithmNames {
 		if n == s {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (want sliding_window, fixed_window, sliding_log or token_bucket)", s)
+	return 0, fmt.Errorf("unknown algorithm %q (want sliding_window, fixed_window, sliding_log, token_bucket or leaky_bucket)", s)
 }
 
 // Period is a calendar period of a FixedWindow limit.
@@ -224,5 +232,14 @@ func (l Limit) FixedWindow() Limit {
 // unless MaxLog raises the bound.
 func (l Limit) SlidingLog() Limit {
 	l.Algorithm = SlidingLog
+	return l
+}
+
+// LeakyBucket returns l counted by a leaky bucket used as a queue: it
+// releases l.Requests per l.Window, and lets up to queue requests wait
+// for their turn (0 means l.Requests), each for at most maxDelay (0 means
+// no bound beyond the queue's length): PerSecond(2).LeakyBucket(10, 3*time.Second).
+func (l Limit) LeakyBucket(queue int, maxDelay time.Duration) Limit {
+	l.Algorithm, l.Burst, l.MaxDelay = LeakyBucket, queue, maxDelay
 	return l
 }

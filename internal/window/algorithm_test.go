@@ -38,11 +38,11 @@ func TestValidateAlgorithms(t *testing.T) {
 		{Limit{Requests: 10, Window: 0, Algorithm: TokenBucket}, "limit 10/0s token_bucket: window must be > 0"},
 		{Limit{Requests: 0, Window: time.Second, Algorithm: TokenBucket, Burst: 5}, "limit 0/1s token_bucket burst 5: requests must be > 0"},
 		// Burst on the other algorithms.
-		{Limit{Requests: 10, Window: time.Second, Burst: 5}, "limit 10/1s burst 5: burst applies only to the token_bucket algorithm"},
+		{Limit{Requests: 10, Window: time.Second, Burst: 5}, "limit 10/1s burst 5: burst applies only to the token_bucket and leaky_bucket algorithms"},
 		{Limit{Requests: 10, Window: time.Second, Algorithm: FixedWindow, Burst: 5},
-			"limit 10/1s fixed_window burst 5: burst applies only to the token_bucket algorithm"},
+			"limit 10/1s fixed_window burst 5: burst applies only to the token_bucket and leaky_bucket algorithms"},
 		{Limit{Requests: 10, Window: time.Second, Algorithm: SlidingLog, Burst: 10},
-			"limit 10/1s sliding_log burst 10: burst applies only to the token_bucket algorithm"},
+			"limit 10/1s sliding_log burst 10: burst applies only to the token_bucket and leaky_bucket algorithms"},
 		// Fixed window and calendar periods.
 		{Limit{Requests: 3, Window: time.Minute, Algorithm: FixedWindow}, ""},
 		{Limit{Requests: 3, Algorithm: FixedWindow, Period: CalendarDay}, ""},
@@ -86,7 +86,7 @@ func TestValidateAlgorithms(t *testing.T) {
 		{Limit{Requests: 10, Window: time.Second, Algorithm: TokenBucket, MaxLog: 2000},
 			"limit 10/1s token_bucket: max_log applies only to the sliding_log algorithm"},
 		// Unknown algorithm, before anything else.
-		{Limit{Requests: 10, Window: time.Second, Algorithm: algorithms}, "limit 10/1s Algorithm(4): unknown algorithm 4"},
+		{Limit{Requests: 10, Window: time.Second, Algorithm: algorithms}, "limit 10/1s Algorithm(5): unknown algorithm 5"},
 		{Limit{Requests: 0, Window: 0, Algorithm: 200}, "limit 0/0s Algorithm(200): unknown algorithm 200"},
 	}
 	for _, tt := range tests {
@@ -109,15 +109,15 @@ func TestParseAlgorithm(t *testing.T) {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", a.String(), got, err, a)
 		}
 	}
-	names := map[Algorithm]string{SlidingWindow: "sliding_window", FixedWindow: "fixed_window", SlidingLog: "sliding_log", TokenBucket: "token_bucket", algorithms: "Algorithm(4)", 255: "Algorithm(255)"}
+	names := map[Algorithm]string{SlidingWindow: "sliding_window", FixedWindow: "fixed_window", SlidingLog: "sliding_log", TokenBucket: "token_bucket", LeakyBucket: "leaky_bucket", algorithms: "Algorithm(5)", 255: "Algorithm(255)"}
 	for a, want := range names {
 		if got := a.String(); got != want {
 			t.Errorf("Algorithm(%d).String() = %q, want %q", uint8(a), got, want)
 		}
 	}
-	for _, s := range []string{"", "Token_Bucket", "token-bucket", "leaky_bucket", "Algorithm(4)", " sliding_log"} {
+	for _, s := range []string{"", "Token_Bucket", "token-bucket", "Algorithm(5)", " sliding_log"} {
 		got, err := ParseAlgorithm(s)
-		want := fmt.Sprintf("unknown algorithm %q (want sliding_window, fixed_window, sliding_log or token_bucket)", s)
+		want := fmt.Sprintf("unknown algorithm %q (want sliding_window, fixed_window, sliding_log, token_bucket or leaky_bucket)", s)
 		if err == nil || err.Error() != want || got != SlidingWindow {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v; want 0, %q", s, got, err, want)
 		}

@@ -91,8 +91,9 @@ type Limit struct {
 	// SlidingWindow.
 	Algorithm Algorithm
 	// Burst is a TokenBucket's capacity: how many requests it admits at
-	// once after a quiet spell. Zero means Requests. Other algorithms
-	// must leave it zero.
+	// once after a quiet spell; and a LeakyBucket's queue: how many
+	// requests may wait for their turn. Zero means Requests. Other
+	// algorithms must leave it zero.
 	Burst int
 	// Period, for a FixedWindow limit, replaces Window with a calendar
 	// period (a day, a week starting on Monday, or a month) in Location,
@@ -109,6 +110,11 @@ type Limit struct {
 	// the package doc). Zero means DefaultMaxLog. Other algorithms must
 	// leave it zero.
 	MaxLog int
+	// MaxDelay, for a LeakyBucket limit, is the longest a request may wait
+	// for its turn; one that would wait longer is denied. Zero means no
+	// bound beyond the queue's length. It must be a whole number of
+	// milliseconds; other algorithms must leave it zero.
+	MaxDelay time.Duration
 }
 
 // String returns the limit as "100/1m0s", followed by its algorithm when
@@ -158,8 +164,14 @@ func (l Limit) Validate() error {
 	switch {
 	case l.Location != nil && l.Period == NoPeriod:
 		return fmt.Errorf("limit %s: a time zone applies only to a calendar period", l)
-	case l.Burst != 0 && l.Algorithm != TokenBucket:
-		return fmt.Errorf("limit %s: burst applies only to the token_bucket algorithm", l)
+	case l.Burst != 0 && l.Algorithm != TokenBucket && l.Algorithm != LeakyBucket:
+		return fmt.Errorf("limit %s: burst applies only to the token_bucket and leaky_bucket algorithms", l)
+	case l.MaxDelay != 0 && l.Algorithm != LeakyBucket:
+		return fmt.Errorf("limit %s: max_delay applies only to the leaky_bucket algorithm", l)
+	case l.MaxDelay < 0 || l.MaxDelay%time.Millisecond != 0 || l.MaxDelay > MaxWindow:
+		return fmt.Errorf("limit %s: max_delay %s must be a whole number of milliseconds between 0 and %s", l, l.MaxDelay, MaxWindow)
+	case l.Algorithm == LeakyBucket && l.Burst >= MaxRequests:
+		return fmt.Errorf("limit %s: a leaky bucket's queue must be below 2^50 (%d)", l, MaxRequests)
 	case l.Burst < 0 || l.Burst > MaxRequests:
 		return fmt.Errorf("limit %s: burst must be between 1 and 2^50 (%d), or 0 for requests", l, MaxRequests)
 	case l.MaxLog != 0 && l.Algorithm != SlidingLog:
@@ -173,10 +185,22 @@ func (l Limit) Validate() error {
 }
 
 // Capacity is the most a limit admits at once: Burst for a TokenBucket
-// (Requests when Burst is zero), Requests for every other algorithm. It is
-// the quota that headers advertise.
+// (Requests when Burst is zero), one plus the queue for a LeakyBucket (the
+// request served now and those waiting), Requests for every other
+// algorithm. It is the quota that headers advertise.
 func (l Limit) Capacity() int {
-	if l.Algorithm == TokenBucket && l.Burst > 0 {
+	switch {
+	case l.Algorithm == TokenBucket && l.Burst > 0:
+		return l.Burst
+	case l.Algorithm == LeakyBucket:
+		return l.queue() + 1
+	}
+	return l.Requests
+}
+
+// queue is a LeakyBucket's queue length.
+func (l Limit) queue() int {
+	if l.Burst > 0 {
 		return l.Burst
 	}
 	return l.Requests
@@ -184,16 +208,17 @@ func (l Limit) Capacity() int {
 
 // Span is the limit's window as headers advertise it: Window; the nominal
 // length of a calendar period (1 day, 7 days, 30 days); and, for a token
-// bucket, the time its capacity takes to refill from empty
-// (Capacity * Window / Requests, rounded up to the millisecond).
+// or leaky bucket, the time its capacity takes to refill (drain) from
+// empty (full): Capacity * Window / Requests, rounded up to the
+// millisecond.
 func (l Limit) Span() time.Duration {
 	switch {
 	case l.Period != NoPeriod:
 		return l.Period.nominal()
-	case l.Algorithm == TokenBucket && l.Burst > 0 && l.Burst != l.Requests:
+	case (l.Algorithm == TokenBucket || l.Algorithm == LeakyBucket) && l.Capacity() != l.Requests:
 		// burst * w may exceed 64 bits for extreme limits, so the quotient
 		// is taken on 128; a span above MaxWindow is capped.
-		hi, lo := bits.Mul64(uint64(l.Burst), uint64(l.Window.Milliseconds()))
+		hi, lo := bits.Mul64(uint64(l.Capacity()), uint64(l.Window.Milliseconds()))
 		n := uint64(l.Requests)
 		if hi >= n {
 			return MaxWindow // the quotient does not fit 64 bits
@@ -244,6 +269,9 @@ func (l Limit) loc() *time.Location {
 // calendar periods).
 func (l Limit) Tick() int64 {
 	w, n := l.Window.Milliseconds(), int64(max(l.Requests, l.Burst))+1
+	if l.Algorithm == LeakyBucket {
+		n = int64(max(l.Requests, l.queue()+1)) + 1
+	}
 	if n < 1<<20 && w < 1<<31 {
 		return 1 // 3 * n * w < 3 * 2^51: no division needed to know
 	}
@@ -332,6 +360,9 @@ type Decision struct {
 	// request of cost 1 would be admitted (zero if one would be now). It
 	// is the t parameter of the RateLimit field.
 	NextAfter time.Duration
+	// Delay is, for an allowed request of a LeakyBucket, how long it must
+	// wait for its turn before it proceeds; zero otherwise.
+	Delay time.Duration
 }
 
 // State is a counter. What its fields hold depends on the algorithm:
@@ -542,7 +573,7 @@ func (l Limit) Roll(s State, now int64) (State, int64) {
 	switch l.Algorithm {
 	case FixedWindow:
 		return rollFixed(l, s, now)
-	case TokenBucket:
+	case TokenBucket, LeakyBucket:
 		return rollToken(l, s, now)
 	case SlidingLog:
 		return rollLog(l, s, now)
@@ -559,6 +590,8 @@ func Fits(s State, at int64, l Limit, c int64) bool {
 		return c <= int64(l.Requests) && s.Curr+c <= int64(l.Requests)
 	case TokenBucket:
 		return tokenParams(l).fits(s.Curr, c)
+	case LeakyBucket:
+		return leakyParams(l).fits(s.Curr, c)
 	}
 	p := paramsOf(l)
 	return p.fits(p.pos(s, at), c)
@@ -569,7 +602,7 @@ func Fits(s State, at int64, l Limit, c int64) bool {
 // adds the extra costs with it.
 func Add(s *State, at int64, l Limit, c int64) {
 	switch l.Algorithm {
-	case TokenBucket:
+	case TokenBucket, LeakyBucket:
 		s.Curr += c * tokenParams(l).w
 	case SlidingLog:
 		if c == 0 {
@@ -597,6 +630,8 @@ func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
 		return describeFixed(l, s, at, c, allowed)
 	case TokenBucket:
 		return tokenParams(l).describe(s, at, c, allowed)
+	case LeakyBucket:
+		return leakyParams(l).describe(s, at, c, allowed)
 	case SlidingLog:
 		return DescribeLog(l, Summarize(l, s, at, c), at, c, allowed)
 	}
@@ -615,7 +650,7 @@ func ExpiryOf(l Limit, s State, now int64) time.Duration {
 	case FixedWindow:
 		_, end := l.Bounds(max(now, s.Start))
 		d = end - now
-	case TokenBucket:
+	case TokenBucket, LeakyBucket:
 		p := tokenParams(l)
 		if e := p.ms(s, now, p.empty(s.Curr)); e > 0 && s.Curr != 0 {
 			return e
