@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,9 @@ var ErrStore = errors.New("sluice: store failed")
 type Limiter struct {
 	rules atomic.Pointer[ruleSet]
 	cfg   config
+	renew renewer
+	// waiting counts the requests waiting for a leaky bucket's turn.
+	waiting atomic.Int64
 }
 
 type ruleSet struct {
@@ -80,6 +84,13 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err != nil {
 		return err
 	}
+	if l.cfg.slots == nil {
+		for _, r := range set.rules {
+			if r.Concurrency > 0 {
+				return fmt.Errorf("sluice: rule %q: concurrency needs a store that can hold slots (a SlotStore, such as the memory and Redis stores); %T cannot", r.Name, l.cfg.store)
+			}
+		}
+	}
 	l.rules.Store(set)
 	return nil
 }
@@ -107,7 +118,14 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 // Close releases what the limiter started itself: the sweeper of the
 // default in-memory store. A Store passed with WithStore is the caller's to
 // close.
-func (l *Limiter) Close() error { return l.cfg.closeOwned() }
+//
+// Close also stops renewing the leases of the concurrency slots of
+// requests still in flight: on a shared store they are then freed when
+// their lease ends, if the requests do not end first.
+func (l *Limiter) Close() error {
+	l.stopRenewer()
+	return l.cfg.closeOwned()
+}
 
 // Result is the outcome of Decide.
 type Result struct {
@@ -145,8 +163,21 @@ type Result struct {
 	Cost int
 	// Err is the store error a fail-open or fallback limiter absorbed.
 	Err error
+	// Concurrency reports that the request was denied by a concurrency
+	// limit (Rule.Concurrency): Limit.Requests slots of Policy were all
+	// held. No rate-limit headers are sent for such a denial, only
+	// Retry-After (ConcurrencyRetryAfter).
+	Concurrency bool
+	// InFlight is, for a concurrency denial, how many requests of the key
+	// were in flight.
+	InFlight int
+	// Delay is how long an admitted request waited for its turn in a
+	// leaky bucket's queue (LeakyBucket) before Decide returned.
+	Delay time.Duration
 
 	policies string
+	status   int   // the status of a concurrency denial, 0 for 429
+	hold     *hold // concurrency slots to give back (Done)
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -183,7 +214,7 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 			return Result{}, err
 		}
 	}
-	if len(s.charges) == 0 && len(s.shadow) == 0 {
+	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
 		return Result{Allowed: true}, nil
 	}
 	ctx := r.Context()
@@ -192,16 +223,44 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 		now = l.cfg.clock()
 	}
 	res := Result{Allowed: true}
+	var h *hold
+	slotShadowed := false
+	if len(s.slots) > 0 {
+		// Slots first: a request a concurrency limit turns away is
+		// charged to no rate limit.
+		var denied *Result
+		var err error
+		h, denied, slotShadowed, err = l.acquire(ctx, now, r, s.slots)
+		if err != nil {
+			return Result{}, err
+		}
+		if denied != nil {
+			l.cfg.observe(r, *denied)
+			return *denied, nil
+		}
+	}
 	if len(s.charges) > 0 {
 		s.decisions = grow(s.decisions, len(s.charges))
 		allowed, err := l.take(ctx, now, s.charges, s.decisions)
 		if err != nil {
 			res, err = l.storeFailed(ctx, now, r, s, err)
 			if err != nil || !res.Limited {
+				if err != nil || !res.Allowed {
+					h.releaseNow()
+				} else {
+					res.hold = h
+				}
+				res.Shadowed = res.Shadowed || slotShadowed
 				return res, err
 			}
 		} else {
 			res = s.result(allowed, s.charges, s.decisions, s.metas)
+		}
+	}
+	if res.Delay > 0 && !l.cfg.shadow {
+		if err := l.wait(ctx, now, r, s, &res); err != nil {
+			h.releaseNow()
+			return res, err
 		}
 	}
 	// A request the enforced rules deny is charged to no rule, shadow
@@ -221,6 +280,12 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 	if l.cfg.shadow && !res.Allowed {
 		res.Allowed, res.Shadowed = true, true
 		res.RetryAfter = 0
+	}
+	res.Shadowed = res.Shadowed || slotShadowed
+	if res.Allowed {
+		res.hold = h
+	} else {
+		h.releaseNow()
 	}
 	l.cfg.observe(r, res)
 	return res, nil
@@ -299,6 +364,12 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	if rule.allowed(key) {
 		return nil
 	}
+	if rule.Concurrency > 0 {
+		s.slots = append(s.slots, slotRequest{rule: rule, key: key, shadow: rule.Shadow})
+		if len(rule.limits) == 0 && rule.LimitsFunc == nil {
+			return nil
+		}
+	}
 	cost := rule.Cost
 	if rule.CostFunc != nil {
 		cost = rule.CostFunc(r)
@@ -349,6 +420,12 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
 // header style. It writes nothing when no limit applied.
 func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
+	if res.Concurrency {
+		if !res.Allowed {
+			s.Set(headers.RetryAfter, strconv.FormatInt(headers.Seconds(res.RetryAfter), 10))
+		}
+		return
+	}
 	if !res.Limited || l.cfg.style == headers.None && res.Allowed {
 		return
 	}
@@ -388,6 +465,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))
 			return
 		}
+		if res.hold != nil {
+			// Given back when next returns, panics included.
+			defer res.Done()
+		}
 		next.ServeHTTP(w, r)
 	})
 }
@@ -416,6 +497,7 @@ type scratch struct {
 	charges, shadow      []Charge
 	decisions, shadowDec []Decision
 	metas, shadowMetas   []chargeMeta
+	slots                []slotRequest
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -439,6 +521,8 @@ func (s *scratch) release() {
 	clear(s.shadow)
 	clear(s.metas)
 	clear(s.shadowMetas)
+	clear(s.slots)
+	s.slots = s.slots[:0]
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)
@@ -475,6 +559,9 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 	}
 	if allowed {
 		res.RetryAfter = 0
+		for i := range ds {
+			res.Delay = max(res.Delay, ds[i].Delay)
+		}
 	}
 	res.policies = metas[0].policy
 	for i := 1; i < len(metas); i++ {

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/denycache"
 	"github.com/sluicehq/sluice/internal/memstore"
+	"github.com/sluicehq/sluice/internal/slots"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -85,6 +86,12 @@ type config struct {
 
 	denyCacheSize int // -1: the default for the store
 	denyCache     *denycache.Cache
+
+	lease         time.Duration // of concurrency slots on a shared store
+	slots         SlotStore     // nil if the store cannot hold slots
+	fallbackSlots SlotStore     // FailLocal's, nil if none
+	slotsShared   bool          // slots has leases to renew
+	maxWaiting    int64         // requests waiting for a leaky bucket's turn
 }
 
 func defaultConfig() config {
@@ -94,6 +101,8 @@ func defaultConfig() config {
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
 		denyCacheSize:   -1,
+		lease:           DefaultConcurrencyLease,
+		maxWaiting:      DefaultMaxWaiting,
 	}
 }
 
@@ -139,6 +148,10 @@ func (c *config) finish() error {
 		c.breakerFailures = 0
 	}
 	c.breaker = c.newBreaker()
+	c.slots, c.slotsShared = slotsOf(c.store)
+	if c.fallback != nil {
+		c.fallbackSlots, _ = slotsOf(c.fallback)
+	}
 	size := c.denyCacheSize
 	if _, local := c.store.(*memstore.Store); size < 0 && !local {
 		size = DefaultDenyCacheSize
@@ -301,7 +314,23 @@ func WithOnDecision(fn func(keyfunc.Request, Result)) Option {
 // policy, so that fail-open outages are seen; while the circuit breaker is
 // open the store is not called, and WithOnBreakerChange reports that
 // instead. fn runs on the request's goroutine and must be fast, and must not
-// keep the Request past the call (see WithOnDecision).
+// keep the Request past the call (see WithOnDecision). The Request is nil
+// for failures that belong to no request being decided: renewing the
+// leases of concurrency slots, and giving slots back after a handler
+// returned.
 func WithOnError(fn func(keyfunc.Request, error)) Option {
 	return func(c *config) { c.hookErr = fn }
+}
+
+// slotsOf returns where the concurrency slots of store are held: in this
+// process for the in-memory store, in the store itself for a SlotStore
+// (shared, with leases), nowhere otherwise.
+func slotsOf(store Store) (ss SlotStore, shared bool) {
+	if _, local := store.(*memstore.Store); local {
+		return slots.New(), false
+	}
+	if ss, ok := store.(SlotStore); ok {
+		return ss, true
+	}
+	return nil, false
 }

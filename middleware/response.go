@@ -18,8 +18,21 @@ const ContentTypeJSON = "application/json; charset=utf-8"
 //
 // retry_after_seconds is Retry-After's value; it is left out when waiting
 // would not help (the request costs more than the limit).
+//
+// A request denied by a concurrency limit gets
+//
+//	{"error":"too many requests in flight","policy":"reports","limit":2,"retry_after_seconds":1}
 func DenyBody(res *Result) []byte {
 	b := make([]byte, 0, 128)
+	if res.Concurrency {
+		b = append(b, `{"error":"too many requests in flight","policy":`...)
+		b = strconv.AppendQuote(b, res.Policy)
+		b = append(b, `,"limit":`...)
+		b = strconv.AppendInt(b, int64(res.Limit.Requests), 10)
+		b = append(b, `,"retry_after_seconds":`...)
+		b = strconv.AppendInt(b, headers.Seconds(res.RetryAfter), 10)
+		return append(b, "}\n"...)
+	}
 	if res.RetryAfter < 0 {
 		b = append(b, `{"error":"request cost exceeds the rate limit"`...)
 	} else {
@@ -38,11 +51,22 @@ func DenyBody(res *Result) []byte {
 	return append(b, "}\n"...)
 }
 
-// DefaultDenyHandler answers a denied request with 429 Too Many Requests and
-// DenyBody as JSON. The rate-limit headers are already set.
+// DefaultDenyHandler answers a denied request with DenyStatus (429 Too Many
+// Requests, or a concurrency limit's 503) and DenyBody as JSON. The
+// rate-limit headers are already set.
 func DefaultDenyHandler(w http.ResponseWriter, r *http.Request) {
 	res, _ := ResultFromContext(r.Context())
-	writeJSON(w, http.StatusTooManyRequests, DenyBody(&res))
+	writeJSON(w, DenyStatus(&res), DenyBody(&res))
+}
+
+// DenyStatus returns the status of a denied request: 429 Too Many
+// Requests, or 503 Service Unavailable for a concurrency limit whose rule
+// asks for it (Rule.ConcurrencyStatus).
+func DenyStatus(res *Result) int {
+	if res.status != 0 {
+		return res.status
+	}
+	return http.StatusTooManyRequests
 }
 
 // ErrorResponse returns the status and JSON body DefaultErrorHandler sends

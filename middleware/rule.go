@@ -85,6 +85,22 @@ type Rule struct {
 	// WithOnDecision) but never denies a request: for rolling out a new
 	// limit safely. Shadow rules are counted in a separate store call.
 	Shadow bool
+
+	// Concurrency, when > 0, lets at most this many requests of one key
+	// be in flight at once under this rule, on top of its Limits (a rule
+	// may have only a concurrency limit). A request takes a slot before
+	// the handler runs and gives it back when the handler returns, panics
+	// or sees its client go away; one that finds every slot taken is
+	// denied at once (ConcurrencyStatus, 429 by default) with a
+	// Retry-After of ConcurrencyRetryAfter, and is charged to no rate
+	// limit. On Redis, slots are leases that the limiter renews while the
+	// request runs, so that the slots of an app server that dies come back
+	// (WithConcurrencyLease). It needs a store that implements SlotStore.
+	Concurrency int
+
+	// ConcurrencyStatus is the status of a request denied by Concurrency:
+	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
+	ConcurrencyStatus int
 }
 
 var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -117,8 +133,16 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if r.Key == nil {
 		return nil, errorf("key function is nil")
 	}
-	if len(r.Limits) == 0 && r.LimitsFunc == nil {
+	if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Concurrency == 0 {
 		return nil, errorf("no limits")
+	}
+	if r.Concurrency < 0 {
+		return nil, errorf("concurrency %d is negative", r.Concurrency)
+	}
+	switch r.ConcurrencyStatus {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return nil, errorf("concurrency status %d: want 429 or 503", r.ConcurrencyStatus)
 	}
 	if r.Cost < 0 {
 		return nil, errorf("cost %d is negative", r.Cost)

@@ -10,7 +10,8 @@ import (
 // Limit is a number of requests allowed per window, such as PerMinute(100),
 // and the algorithm that counts them: the sliding-window counter unless
 // Algorithm says otherwise, as in PerSecond(4).TokenBucket(8),
-// PerDay(1000).FixedWindow(), PerMinute(5).SlidingLog() and
+// PerDay(1000).FixedWindow(), PerMinute(5).SlidingLog(),
+// PerSecond(2).LeakyBucket(10, 5*time.Second) and
 // Calendar(1000, CalendarMonth, loc). Requests must be > 0 and Window a positive whole number of
 // milliseconds.
 type Limit = window.Limit
@@ -34,6 +35,10 @@ const (
 	// TokenBucket refills Requests tokens per Window into a bucket of
 	// Burst tokens: bursts with a steady average.
 	TokenBucket = window.TokenBucket
+	// LeakyBucket releases Requests per Window and lets early requests
+	// wait for their turn in a queue of Burst, each at most MaxDelay,
+	// rather than refusing them.
+	LeakyBucket = window.LeakyBucket
 )
 
 // Period is a calendar period of a FixedWindow limit.

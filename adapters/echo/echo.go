@@ -1,7 +1,6 @@
 package sluiceecho
 
 import (
-	"net/http"
 	"sync"
 
 	"github.com/labstack/echo/v4"
@@ -83,6 +82,7 @@ func RateLimiterWithConfig(cfg Config) echo.MiddlewareFunc {
 			if !res.Allowed {
 				return cfg.DenyHandler(c, res)
 			}
+			defer res.Done() // concurrency slots, once next returns or panics
 			return next(c)
 		}
 	}
@@ -92,10 +92,11 @@ func RateLimiterWithConfig(cfg Config) echo.MiddlewareFunc {
 // interface, two words, so wrapping one for Decide would allocate.
 var requests = sync.Pool{New: func() any { return new(request) }}
 
-// DefaultDenyHandler answers 429 Too Many Requests with middleware.DenyBody,
-// as middleware.DefaultDenyHandler does for net/http.
+// DefaultDenyHandler answers middleware.DenyStatus (429 Too Many Requests,
+// or a concurrency limit's 503) with middleware.DenyBody, as
+// middleware.DefaultDenyHandler does for net/http.
 func DefaultDenyHandler(c echo.Context, res middleware.Result) error {
-	return writeJSON(c, http.StatusTooManyRequests, middleware.DenyBody(&res))
+	return writeJSON(c, middleware.DenyStatus(&res), middleware.DenyBody(&res))
 }
 
 // DefaultErrorHandler answers with middleware.ErrorResponse (400 for a

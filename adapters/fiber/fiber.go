@@ -74,6 +74,10 @@ func New(config ...Config) fiber.Handler {
 			c.Locals(resultKey, &denied)
 			return cfg.LimitReached(c)
 		}
+		// Concurrency slots are given back once the handlers return or
+		// panic. A body streamed with SetBodyStreamWriter is written after
+		// that, outside the slot.
+		defer res.Done()
 		return c.Next()
 	}
 }
@@ -93,11 +97,12 @@ func ResultFrom(c *fiber.Ctx) (middleware.Result, bool) {
 	return *res, true
 }
 
-// DefaultLimitReached answers 429 Too Many Requests with
-// middleware.DenyBody, as middleware.DefaultDenyHandler does for net/http.
+// DefaultLimitReached answers middleware.DenyStatus (429 Too Many
+// Requests, or a concurrency limit's 503) with middleware.DenyBody, as
+// middleware.DefaultDenyHandler does for net/http.
 func DefaultLimitReached(c *fiber.Ctx) error {
 	res, _ := ResultFrom(c)
-	return writeJSON(c, fiber.StatusTooManyRequests, middleware.DenyBody(&res))
+	return writeJSON(c, middleware.DenyStatus(&res), middleware.DenyBody(&res))
 }
 
 // DefaultErrorHandler answers with middleware.ErrorResponse (400 for a

@@ -1,7 +1,6 @@
 package sluicegin
 
 import (
-	"net/http"
 
 	"github.com/gin-gonic/gin"
 
@@ -65,6 +64,7 @@ func New(cfg Config) gin.HandlerFunc {
 			c.Abort()
 			return
 		}
+		defer res.Done() // concurrency slots, once the handlers return or panic
 		c.Next()
 	}
 }
@@ -85,11 +85,12 @@ func ResultFrom(c *gin.Context) (middleware.Result, bool) {
 	return *res, true
 }
 
-// DefaultDenyHandler answers 429 Too Many Requests with middleware.DenyBody,
-// as middleware.DefaultDenyHandler does for net/http.
+// DefaultDenyHandler answers middleware.DenyStatus (429 Too Many Requests,
+// or a concurrency limit's 503) with middleware.DenyBody, as
+// middleware.DefaultDenyHandler does for net/http.
 func DefaultDenyHandler(c *gin.Context) {
 	res, _ := ResultFrom(c)
-	writeJSON(c, http.StatusTooManyRequests, middleware.DenyBody(&res))
+	writeJSON(c, middleware.DenyStatus(&res), middleware.DenyBody(&res))
 }
 
 // DefaultErrorHandler answers with middleware.ErrorResponse (400 for a

@@ -199,7 +199,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limits missing",
 			in:   "rules: [{name: a, key: ip}]",
-			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans)",
+			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit",
 		},
 		{
 			name: "limits empty",
@@ -219,7 +219,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limit unknown field",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, time_zone, max_log)",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log)",
 		},
 		{
 			name: "cost zero",
@@ -455,17 +455,17 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "algorithm unknown",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, algorithm: leaky}]}]",
-			want: `rules.yaml:1: rules[0].limits[0].algorithm: unknown algorithm "leaky" (want sliding_window, fixed_window, sliding_log or token_bucket)`,
+			want: `rules.yaml:1: rules[0].limits[0].algorithm: unknown algorithm "leaky" (want sliding_window, fixed_window, sliding_log, token_bucket or leaky_bucket)`,
 		},
 		{
 			name: "rule algorithm unknown",
 			in:   "rules: [{name: a, key: ip, algorithm: gcra, limits: [{requests: 1, window: 1m}]}]",
-			want: `rules.yaml:1: rules[0].algorithm: unknown algorithm "gcra" (want sliding_window, fixed_window, sliding_log or token_bucket)`,
+			want: `rules.yaml:1: rules[0].algorithm: unknown algorithm "gcra" (want sliding_window, fixed_window, sliding_log, token_bucket or leaky_bucket)`,
 		},
 		{
 			name: "burst without token bucket",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, burst: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].burst: applies only to the token_bucket algorithm, not to sliding_window",
+			want: "rules.yaml:1: rules[0].limits[0].burst: applies only to the token_bucket and leaky_bucket algorithms, not to sliding_window",
 		},
 		{
 			name: "burst zero",
@@ -1108,7 +1108,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "uploads", "search-trial"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "search-trial"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)

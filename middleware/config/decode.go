@@ -29,9 +29,9 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "cost", "overage", "shadow", "allow", "plans"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans"}
 	matchFields = []string{"path", "methods"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "time_zone", "max_log"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -160,7 +160,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 		d.errorf(n, path, "want a mapping, got %s", describe(n))
 		return r, nil, false
 	}
-	var nameNode, keyNode, limitsNode, costNode, overageNode, plansNode *yaml.Node
+	var nameNode, keyNode, limitsNode, costNode, overageNode, plansNode, concNode, concStatusNode *yaml.Node
 	var allow allowList
 	var key keyExpr
 	var limits []middleware.Limit
@@ -204,6 +204,22 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			if loc, ok := d.timeZone(v, fpath); ok {
 				defaults.location, defaults.locationNode = loc, v
 			}
+		case "concurrency":
+			if c, ok := d.int(v, fpath); ok {
+				if c < 1 {
+					d.errorf(v, fpath, "%d must be at least 1", c)
+					return
+				}
+				r.Concurrency, concNode = c, v
+			}
+		case "concurrency_status":
+			if c, ok := d.int(v, fpath); ok {
+				if c != 429 && c != 503 {
+					d.errorf(v, fpath, "%d: want 429 or 503", c)
+					return
+				}
+				r.ConcurrencyStatus, concStatusNode = c, v
+			}
 		case "cost":
 			if c, ok := d.int(v, fpath); ok {
 				if c < 1 {
@@ -245,8 +261,14 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	if keyNode == nil && d.ok(start) {
 		d.errorf(n, path+".key", "required")
 	}
-	if limitsNode == nil && d.ok(start) {
-		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans)")
+	if limitsNode == nil && concNode == nil && d.ok(start) {
+		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit")
+	}
+	if plansNode != nil && limitsNode == nil && d.ok(start) {
+		d.errorf(plansNode, path+".plans", "needs limits, the default plan's")
+	}
+	if concStatusNode != nil && concNode == nil && d.ok(start) {
+		d.errorf(concStatusNode, path+".concurrency_status", "applies only to a rule with concurrency")
 	}
 	if !d.ok(start) {
 		return r, nameNode, false
@@ -385,7 +407,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		}
 		start := d.nerrs
 		l := middleware.Limit{Algorithm: defaults.algorithm}
-		var reqNode, winNode, algNode, burstNode, tzNode, logNode *yaml.Node
+		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode *yaml.Node
 		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
 			fpath := ipath + "." + field
 			switch field {
@@ -421,6 +443,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 						return
 					}
 					l.Burst, burstNode = b, v
+				}
+			case "max_delay":
+				if w, ok := d.duration(v, fpath); ok {
+					l.MaxDelay, delayNode = w, v
 				}
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
@@ -462,8 +488,12 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 			d.errorf(tzNode, ipath+".time_zone", "applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to %s", formatDuration(l.Window))
 			continue
 		}
-		if burstNode != nil && l.Algorithm != window.TokenBucket {
-			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket algorithm, not to %s", l.Algorithm)
+		if burstNode != nil && l.Algorithm != window.TokenBucket && l.Algorithm != window.LeakyBucket {
+			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket and leaky_bucket algorithms, not to %s", l.Algorithm)
+			continue
+		}
+		if delayNode != nil && l.Algorithm != window.LeakyBucket {
+			d.errorf(delayNode, ipath+".max_delay", "applies only to the leaky_bucket algorithm, not to %s", l.Algorithm)
 			continue
 		}
 		if logNode != nil && l.Algorithm != window.SlidingLog {
@@ -518,8 +548,8 @@ func windowName(l middleware.Limit) string {
 func formatLimit(l middleware.Limit) string {
 	s := fmt.Sprintf("%d per %s", l.Requests, windowName(l))
 	switch {
-	case l.Algorithm == window.TokenBucket && l.Burst > 0:
-		s += fmt.Sprintf(" (token_bucket, burst %d)", l.Burst)
+	case (l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket) && l.Burst > 0:
+		s += fmt.Sprintf(" (%s, burst %d)", l.Algorithm, l.Burst)
 	case l.Algorithm != window.SlidingWindow:
 		s += " (" + l.Algorithm.String() + ")"
 	}

@@ -1,0 +1,331 @@
+package middleware
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"encoding/base64"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/window"
+	"github.com/sluicehq/sluice/keyfunc"
+)
+
+// Slot is one request's hold on a concurrency limit (Rule.Concurrency): one
+// of at most Limit requests of a rule and key in flight at once.
+type Slot = window.Slot
+
+// SlotStore is implemented by stores that can limit concurrency: the
+// in-memory store and the Redis store. A rule with Concurrency needs one.
+//
+// A store shared by several processes holds each slot for its Lease unless
+// it is renewed or released, so that the slots of a process that died come
+// back after the lease; the Limiter renews the slots of requests still in
+// flight every third of the lease. now is the instant to decide at; the
+// zero time means the store's own clock.
+type SlotStore interface {
+	// Acquire takes one of s.Limit slots of (s.Name, s.Key) for s.ID, if
+	// one is free. It reports whether it did and how many slots are held
+	// afterwards (or, if none was free, how many are held).
+	Acquire(ctx context.Context, now time.Time, s *Slot) (ok bool, held int, err error)
+	// Release gives back the slot of s.ID. Releasing a slot that is no
+	// longer held does nothing.
+	Release(ctx context.Context, s *Slot) error
+	// Renew extends the leases of slots still held to now + Lease. A slot
+	// that is no longer held (its lease ran out) is not taken again.
+	Renew(ctx context.Context, now time.Time, slots []*Slot) error
+}
+
+const (
+	// DefaultConcurrencyLease is how long a shared store (Redis) keeps a
+	// concurrency slot whose app server stopped renewing it: the slots of
+	// an app server that dies come back within this time. Slots of
+	// requests still running are renewed every third of it.
+	DefaultConcurrencyLease = 30 * time.Second
+	// ConcurrencyRetryAfter is the Retry-After of a request denied by a
+	// concurrency limit: requests in flight end at no predictable time,
+	// so clients are told to try again shortly.
+	ConcurrencyRetryAfter = time.Second
+)
+
+// WithConcurrencyLease sets how long a shared store keeps the concurrency
+// slot of a request whose app server stopped renewing it (see
+// DefaultConcurrencyLease). It must be at least 3 s.
+func WithConcurrencyLease(d time.Duration) Option {
+	return func(c *config) {
+		if d < 3*time.Second || d%time.Millisecond != 0 {
+			c.errorf("WithConcurrencyLease: %s must be at least 3s and a whole number of milliseconds", d)
+			return
+		}
+		c.lease = d
+	}
+}
+
+// hold is the concurrency slots a request holds, given back by
+// Result.Done.
+type hold struct {
+	l     *Limiter
+	slots []heldSlot
+	once  sync.Once
+}
+
+type heldSlot struct {
+	store SlotStore
+	slot  Slot
+}
+
+// slotRequest is a concurrency limit a request must get a slot of.
+type slotRequest struct {
+	rule   *compiledRule
+	key    string
+	shadow bool
+}
+
+// Done gives back the concurrency slots the request holds (see
+// Rule.Concurrency). Front ends call it once the handler has returned,
+// whether it returned normally, panicked or saw its client go away;
+// Handler and the Gin, Echo and Fiber adapters do. It is safe to call on
+// any Result, more than once, and from any goroutine: slots are given back
+// exactly once.
+func (res *Result) Done() {
+	if res.hold != nil {
+		res.hold.release()
+	}
+}
+
+func (h *hold) release() {
+	h.once.Do(func() {
+		h.l.untrack(h)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		for i := range h.slots {
+			if err := h.slots[i].store.Release(ctx, &h.slots[i].slot); err != nil {
+				h.l.cfg.report(nil, fmt.Errorf("%w: release concurrency slot of rule %q: %w", ErrStore, h.slots[i].slot.Name, err))
+			}
+		}
+	})
+}
+
+// newSlotID returns a random ID for a slot.
+func newSlotID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// acquire takes a slot of every concurrency limit in reqs, all or nothing.
+// It returns the hold (nil if none was taken) and, when an enforced limit
+// had no free slot, the denial.
+func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request, reqs []slotRequest) (h *hold, denied *Result, shadowed bool, err error) {
+	store := l.cfg.slots
+	for _, q := range reqs {
+		s := Slot{Key: q.key, Name: q.rule.Name, Limit: q.rule.Concurrency, ID: newSlotID(), Lease: l.cfg.lease}
+		ok, held, aerr := store.Acquire(ctx, now, &s)
+		if aerr != nil && l.cfg.failure == FailLocal && l.cfg.fallbackSlots != nil {
+			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			ok, held, aerr = l.cfg.fallbackSlots.Acquire(ctx, now, &s)
+			if aerr == nil {
+				store = l.cfg.fallbackSlots
+			}
+		}
+		if aerr != nil {
+			if l.cfg.failure == FailClosed {
+				h.releaseNow()
+				return nil, nil, false, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr)
+			}
+			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			continue // fail open: no slot, no limit
+		}
+		if !ok {
+			if q.shadow || l.cfg.shadow {
+				shadowed = true
+				continue
+			}
+			h.releaseNow()
+			return nil, &Result{
+				Limited: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
+				Remaining: 0, RetryAfter: ConcurrencyRetryAfter, NextAfter: ConcurrencyRetryAfter,
+				Concurrency: true, InFlight: held, status: q.rule.ConcurrencyStatus,
+			}, shadowed, nil
+		}
+		if h == nil {
+			h = &hold{l: l}
+		}
+		h.slots = append(h.slots, heldSlot{store: store, slot: s})
+		store = l.cfg.slots
+	}
+	if h != nil {
+		l.track(h)
+	}
+	return h, nil, shadowed, nil
+}
+
+// releaseNow gives back the slots of a hold that never reached a Result.
+func (h *hold) releaseNow() {
+	if h != nil {
+		h.release()
+	}
+}
+
+// renewer keeps the leases of the slots of requests in flight.
+type renewer struct {
+	mu     sync.Mutex
+	active map[*hold]struct{}
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func (l *Limiter) track(h *hold) {
+	r := &l.renew
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active == nil {
+		r.active = make(map[*hold]struct{})
+	}
+	r.active[h] = struct{}{}
+	if r.stop == nil && l.cfg.slotsShared {
+		r.stop, r.done = make(chan struct{}), make(chan struct{})
+		go l.renewLoop(r.stop, r.done)
+	}
+}
+
+func (l *Limiter) untrack(h *hold) {
+	r := &l.renew
+	r.mu.Lock()
+	delete(r.active, h)
+	r.mu.Unlock()
+}
+
+// renewLoop renews the leases of every slot held, every third of the
+// lease, until stop is closed.
+func (l *Limiter) renewLoop(stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(l.cfg.lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			l.renewAll()
+		}
+	}
+}
+
+// renewAll renews the lease of every slot held, per store.
+func (l *Limiter) renewAll() {
+	r := &l.renew
+	r.mu.Lock()
+	byStore := map[SlotStore][]*Slot{}
+	for h := range r.active {
+		for i := range h.slots {
+			hs := &h.slots[i]
+			byStore[hs.store] = append(byStore[hs.store], &hs.slot)
+		}
+	}
+	r.mu.Unlock()
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	for store, slots := range byStore {
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.lease/3)
+		if err := store.Renew(ctx, now, slots); err != nil {
+			l.cfg.report(nil, fmt.Errorf("%w: renew concurrency slots: %w", ErrStore, err))
+		}
+		cancel()
+	}
+}
+
+// stopRenewer stops the renewal of leases; slots still held then expire
+// after their lease.
+func (l *Limiter) stopRenewer() {
+	r := &l.renew
+	r.mu.Lock()
+	stop, done := r.stop, r.done
+	r.stop = nil
+	r.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+}
+
+// Returner is implemented by stores that can give back the place of a
+// request admitted with a Delay by a LeakyBucket (or a TokenBucket's
+// tokens): the in-memory store and the Redis store. The Limiter calls it
+// when a request leaves before its turn, so that the requests after it do
+// not wait for it. now is the instant the request was decided at.
+type Returner interface {
+	GiveBack(ctx context.Context, now time.Time, charges []Charge) error
+}
+
+// ErrGaveUp is returned by Decide for a request whose client went away
+// (its context was canceled) while it waited for its turn in a leaky
+// bucket's queue, or that found too many requests waiting in the whole
+// limiter (WithMaxWaiting). Its place in the queue was given back.
+var ErrGaveUp = errors.New("sluice: request gave up its turn in the queue")
+
+// DefaultMaxWaiting is how many requests may wait for their turn in
+// leaky-bucket queues at once in one Limiter, whatever their keys.
+const DefaultMaxWaiting = 10_000
+
+// WithMaxWaiting bounds how many requests may wait for their turn in
+// leaky-bucket queues at once in the Limiter, so that a flood spread over
+// many keys cannot pile up goroutines: a request over the bound is denied
+// at once (429, with Retry-After its turn) and its place given back. Each
+// key's queue is bounded by its limit's Burst. The default is
+// DefaultMaxWaiting.
+func WithMaxWaiting(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.errorf("WithMaxWaiting: %d must be at least 1", n)
+			return
+		}
+		c.maxWaiting = int64(n)
+	}
+}
+
+// wait holds an admitted request until its turn in a leaky bucket's queue
+// (res.Delay). If the client goes away first, or too many requests wait
+// already, the request's places are given back.
+func (l *Limiter) wait(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result) error {
+	if n := l.waiting.Add(1); n > l.cfg.maxWaiting {
+		l.waiting.Add(-1)
+		l.giveBack(now, r, s)
+		res.Allowed, res.RetryAfter, res.NextAfter = false, res.Delay, res.Delay
+		res.Remaining = 0
+		return nil
+	}
+	defer l.waiting.Add(-1)
+	t := time.NewTimer(res.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		l.giveBack(now, r, s)
+		return fmt.Errorf("%w: %w", ErrGaveUp, context.Cause(ctx))
+	}
+}
+
+// giveBack returns the places of the request's charges that waited.
+func (l *Limiter) giveBack(now time.Time, r keyfunc.Request, s *scratch) {
+	ret, ok := l.cfg.store.(Returner)
+	if !ok {
+		return
+	}
+	var back []Charge
+	for i := range s.charges {
+		if s.decisions[i].Delay > 0 {
+			back = append(back, s.charges[i])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := ret.GiveBack(ctx, now, back); err != nil {
+		l.cfg.report(r, fmt.Errorf("%w: give back a place in the queue: %w", ErrStore, err))
+	}
+}
