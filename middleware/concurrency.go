@@ -3,8 +3,8 @@ package middleware
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"sync"
 	"time"

@@ -139,7 +139,7 @@ func TestRedisConcurrencyLeases(t *testing.T) {
 	start := clock.Now()
 	clock.Add(lease / 2)
 	time.Sleep(lease/3 + 500*time.Millisecond) // at least one renewal at start+lease/2
-	clock.Add(lease/2 + time.Second)         // past the first lease
+	clock.Add(lease/2 + time.Second)           // past the first lease
 	c := newLim()
 	r2 := decide(c)
 	r3 := decide(c)

@@ -1,7 +1,6 @@
 package sluicegin
 
 import (
-
 	"github.com/gin-gonic/gin"
 
 	"github.com/sluicehq/sluice/middleware"
