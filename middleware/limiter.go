@@ -128,6 +128,61 @@ func (l *Limiter) Close() error {
 }
 
 // Result is the outcome of Decide.
+// Outcome is how a request was decided, as reported to WithOnDecision and
+// to metrics.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// OutcomeAllowed: every limit that applied admitted the request.
+	OutcomeAllowed Outcome = iota + 1
+	// OutcomeDenied: a limit denied the request (429, or a concurrency
+	// limit's status).
+	OutcomeDenied
+	// OutcomeShadowDenied: a shadow rule, or the limiter in shadow mode,
+	// would have denied the request, which passed.
+	OutcomeShadowDenied
+	// OutcomeFailedOpen: the store failed and the request passed unlimited
+	// (FailOpen, or FailLocal whose fallback failed too).
+	OutcomeFailedOpen
+	// OutcomeFallback: the store failed and the local fallback decided
+	// (FailLocal); Allowed says how.
+	OutcomeFallback
+	// OutcomeNoKey: a rule found no key and the request was rejected
+	// (NoKeyReject).
+	OutcomeNoKey
+	// OutcomeError: the request could not be decided (the store failed
+	// under FailClosed, or a rule's LimitsFunc returned an invalid limit).
+	OutcomeError
+	// OutcomeUnlimited: no rule applied.
+	OutcomeUnlimited
+	// OutcomeGaveUp: the request waited for its turn in a leaky bucket's
+	// queue and its client went away first.
+	OutcomeGaveUp
+)
+
+var outcomeNames = [...]string{
+	OutcomeAllowed:      "allowed",
+	OutcomeDenied:       "denied",
+	OutcomeShadowDenied: "shadow_denied",
+	OutcomeFailedOpen:   "failed_open",
+	OutcomeFallback:     "fallback",
+	OutcomeNoKey:        "no_key",
+	OutcomeError:        "error",
+	OutcomeUnlimited:    "unlimited",
+	OutcomeGaveUp:       "gave_up",
+}
+
+// String returns the outcome's name as metrics label it: "allowed",
+// "denied", "shadow_denied", "failed_open", "fallback", "no_key", "error",
+// "unlimited" or "gave_up".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
 type Result struct {
 	// Allowed reports whether the request may proceed. In shadow mode it
 	// is true even when a limit was exceeded; see Shadowed.
@@ -161,8 +216,18 @@ type Result struct {
 	RetryAfter time.Duration
 	// Cost is what the request was charged under the binding limit.
 	Cost int
-	// Err is the store error a fail-open or fallback limiter absorbed.
+	// Err is the store error a fail-open or fallback limiter absorbed, or
+	// the error Decide returned.
 	Err error
+	// Outcome says how the request was decided; WithOnDecision sees every
+	// request Decide handles, exactly once, with its Outcome.
+	Outcome Outcome
+	// Rule is the name of the rule of the binding limit (for a request
+	// that could not be decided, of the first rule that applied).
+	Rule string
+	// ShadowPolicy names the limit of a shadow rule that would have denied
+	// the request, when one did (Shadowed is then set).
+	ShadowPolicy string
 	// Concurrency reports that the request was denied by a concurrency
 	// limit (Rule.Concurrency): Limit.Requests slots of Policy were all
 	// held. No rate-limit headers are sent for such a denial, only
@@ -190,6 +255,22 @@ type Result struct {
 // to reject such requests), or ErrStore when the store failed and the
 // failure policy is FailClosed. Decide never panics on bad input.
 func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
+	res, err := l.decide(r)
+	if err != nil {
+		res.Err = err
+		switch {
+		case res.Outcome != 0:
+		case errors.Is(err, keyfunc.ErrNoKey):
+			res.Outcome = OutcomeNoKey
+		default:
+			res.Outcome = OutcomeError
+		}
+	}
+	l.cfg.observe(r, res)
+	return res, err
+}
+
+func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
@@ -215,7 +296,7 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 		}
 	}
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
-		return Result{Allowed: true}, nil
+		return Result{Allowed: true, Outcome: OutcomeUnlimited}, nil
 	}
 	ctx := r.Context()
 	var now time.Time
@@ -235,7 +316,7 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 			return Result{}, err
 		}
 		if denied != nil {
-			l.cfg.observe(r, *denied)
+			denied.Outcome = OutcomeDenied
 			return *denied, nil
 		}
 	}
@@ -260,6 +341,7 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 	if res.Delay > 0 && !l.cfg.shadow {
 		if err := l.wait(ctx, now, r, s, &res); err != nil {
 			h.releaseNow()
+			res.Outcome = OutcomeGaveUp
 			return res, err
 		}
 	}
@@ -272,9 +354,7 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 			l.cfg.report(r, err)
 		} else if !allowed {
 			res.Shadowed = true
-			sr := s.result(false, s.shadow, s.shadowDec, s.shadowMetas)
-			sr.Allowed, sr.Shadowed, sr.RetryAfter = true, true, 0
-			l.cfg.observe(r, sr)
+			res.ShadowPolicy = s.result(false, s.shadow, s.shadowDec, s.shadowMetas).Policy
 		}
 	}
 	if l.cfg.shadow && !res.Allowed {
@@ -287,7 +367,16 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 	} else {
 		h.releaseNow()
 	}
-	l.cfg.observe(r, res)
+	if res.Outcome == 0 {
+		switch {
+		case !res.Allowed:
+			res.Outcome = OutcomeDenied
+		case res.Shadowed:
+			res.Outcome = OutcomeShadowDenied
+		default:
+			res.Outcome = OutcomeAllowed
+		}
+	}
 	return res, nil
 }
 
@@ -339,17 +428,17 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	}
 	switch l.cfg.failure {
 	case FailClosed:
-		return Result{}, err
+		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
 		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
 		if ferr == nil {
 			res := s.result(allowed, s.charges, s.decisions, s.metas)
-			res.Err = err
+			res.Err, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
 		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
 	}
-	return Result{Allowed: true, Err: err}, nil
+	return Result{Allowed: true, Err: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
 
 // addCharges appends the charges of rule for r to s.
@@ -554,7 +643,7 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 			continue
 		}
 		best = i
-		res.Policy, res.Limit, res.Remaining = metas[i].name, metas[i].nominal, rem
+		res.Policy, res.Limit, res.Remaining, res.Rule = metas[i].name, metas[i].nominal, rem, charges[i].Name
 		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
 	if allowed {

@@ -302,9 +302,12 @@ func WithShadowMode() Option {
 	return func(c *config) { c.shadow = true }
 }
 
-// WithOnDecision calls fn with every decision the limiter makes (including
-// those of shadow rules that would have denied). fn runs on the request's
-// goroutine and must be fast. It must not keep the Request, or strings read
+// WithOnDecision calls fn once for every request Decide handles, with its
+// Result and Outcome: allowed, denied, shadow-denied (Result.ShadowPolicy
+// names a shadow rule that would have denied), failed open, decided by the
+// fallback, rejected for a missing key, not decided (Result.Err), or not
+// limited by any rule. Requests WithSkip exempts never reach Decide. fn
+// runs on the request's goroutine and must be fast. It must not keep the Request, or strings read
 // from it, past the call: Fiber reuses its buffers and Echo its contexts.
 func WithOnDecision(fn func(keyfunc.Request, Result)) Option {
 	return func(c *config) { c.hookDec = fn }

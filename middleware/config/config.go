@@ -321,3 +321,13 @@ type nopStore struct{}
 func (nopStore) Take(context.Context, time.Time, []middleware.Charge, []middleware.Decision) (bool, error) {
 	return true, nil
 }
+
+// Acquire, Release and Renew make nopStore a middleware.SlotStore, so that
+// rules with a concurrency limit can be checked too.
+func (nopStore) Acquire(context.Context, time.Time, *middleware.Slot) (bool, int, error) {
+	return true, 1, nil
+}
+
+func (nopStore) Release(context.Context, *middleware.Slot) error { return nil }
+
+func (nopStore) Renew(context.Context, time.Time, []*middleware.Slot) error { return nil }

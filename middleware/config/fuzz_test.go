@@ -21,6 +21,14 @@ func (nopStore) Take(context.Context, time.Time, []middleware.Charge, []middlewa
 	return true, nil
 }
 
+func (nopStore) Acquire(context.Context, time.Time, *middleware.Slot) (bool, int, error) {
+	return true, 1, nil
+}
+
+func (nopStore) Release(context.Context, *middleware.Slot) error { return nil }
+
+func (nopStore) Renew(context.Context, time.Time, []*middleware.Slot) error { return nil }
+
 // FuzzParse checks that Parse never panics, that every error it returns
 // names the file, and that the rules of every file it accepts are accepted
 // by the Limiter and can decide requests.
