@@ -38,6 +38,9 @@
 //	        burst: 8               # token_bucket only: capacity (default requests)
 //	      - {requests: 3, window: calendar_day, time_zone: Europe/Paris}
 //	      - {requests: 5, window: 5m, algorithm: sliding_log, max_log: 1000}
+//	      - {requests: 2, window: 1s, algorithm: leaky_bucket, burst: 10, max_delay: 5s}
+//	    concurrency: 2     # optional, requests of one key in flight at once
+//	    concurrency_status: 429  # optional, 429 (default) or 503
 //	    cost: 1            # optional, units each request consumes (>= 1)
 //	    overage: 0.1       # optional, fraction admitted over each limit (0 to 10)
 //	    shadow: false      # optional, count and report but never deny
@@ -75,8 +78,17 @@
 //     requests in any interval of one window. Its memory per client grows
 //     with requests, so requests may not exceed 1000 unless max_log raises
 //     that bound (up to 100000), which says the memory is accepted.
+//   - leaky_bucket: a queue released at requests per window; an early
+//     request waits for its turn (Decide holds it) if at most burst wait
+//     ahead of it (burst defaults to requests) and its wait is at most
+//     max_delay (a duration; none by default), and is denied otherwise.
 //
-// burst is accepted only with token_bucket, max_log only with sliding_log,
+// A rule's concurrency limits how many requests of one key may be in
+// flight at once (the README's "Concurrency limits and queueing"); a rule
+// may have it alone, without limits.
+//
+// burst is accepted only with token_bucket and leaky_bucket, max_delay only
+// with leaky_bucket, max_log only with sliding_log,
 // and time_zone only with a calendar window (on the rule, only if one of
 // its limits has one). A limit's counter is kept per rule, key, window and
 // algorithm: changing a limit's algorithm (or a calendar window's time
