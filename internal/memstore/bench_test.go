@@ -110,6 +110,76 @@ func BenchmarkTake(b *testing.B) {
 	})
 }
 
+// BenchmarkTakeAlgorithms measures Take on one hot counter of each
+// algorithm other than the sliding window (see BenchmarkTake), and on
+// sliding logs of 1000 entries: admitted as the oldest entry leaves, and
+// denied.
+func BenchmarkTakeAlgorithms(b *testing.B) {
+	ctx := context.Background()
+	for _, l := range []window.Limit{
+		{Requests: 1 << 30, Window: time.Minute, Algorithm: window.FixedWindow},
+		{Requests: 1 << 30, Window: time.Minute, Algorithm: window.TokenBucket},
+		{Requests: 1 << 30, Window: time.Minute, Algorithm: window.LeakyBucket},
+		{Requests: 1 << 30, Algorithm: window.FixedWindow, Period: window.CalendarDay},
+	} {
+		name := l.Algorithm.String()
+		if l.Period != window.NoPeriod {
+			name = l.Period.String()
+		}
+		b.Run("hot-"+name, func(b *testing.B) {
+			s := newStore(b, Config{})
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				charges := []window.Charge{{Name: "per-ip", Key: "ip:203.0.113.7", Limit: l, Cost: 1}}
+				out := make([]window.Decision, 1)
+				for pb.Next() {
+					s.Take(ctx, t0, charges, out)
+				}
+			})
+		})
+	}
+
+	log := window.Limit{Requests: 1000, Window: time.Second}.SlidingLog()
+	fillLog := func(b *testing.B, s *Store, charges []window.Charge) time.Time {
+		out := make([]window.Decision, 1)
+		now := t0
+		for range 2000 {
+			now = now.Add(time.Millisecond)
+			if ok, _ := s.Take(ctx, now, charges, out); !ok {
+				b.Fatal("denied while filling")
+			}
+		}
+		return now
+	}
+	b.Run("log-1000-steady", func(b *testing.B) {
+		// One request a millisecond, at the limit: each is admitted as
+		// the oldest of the log's 1000 entries leaves.
+		s := newStore(b, Config{})
+		charges := []window.Charge{{Name: "per-ip", Key: "ip:203.0.113.7", Limit: log, Cost: 1}}
+		out := make([]window.Decision, 1)
+		now := fillLog(b, s, charges)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			now = now.Add(time.Millisecond)
+			s.Take(ctx, now, charges, out)
+		}
+	})
+	b.Run("log-1000-denied", func(b *testing.B) {
+		s := newStore(b, Config{})
+		charges := []window.Charge{{Name: "per-ip", Key: "ip:203.0.113.7", Limit: log, Cost: 1}}
+		now := fillLog(b, s, charges)
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			out := make([]window.Decision, 1)
+			for pb.Next() {
+				s.Take(ctx, now, charges, out)
+			}
+		})
+	})
+}
+
 // BenchmarkSweep measures a sweep that drops every counter of a store
 // filled with 1,000,000 keys, which then gives back their memory.
 func BenchmarkSweep(b *testing.B) {

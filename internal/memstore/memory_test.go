@@ -52,15 +52,26 @@ func ip6Key(buf []byte, i int) []byte {
 // now, under tenSeconds.
 func fill(t testing.TB, s *Store, key func([]byte, int) []byte, first, n int, now time.Time) {
 	t.Helper()
-	charges := []window.Charge{{Name: "per-ip", Limit: tenSeconds, Cost: 1}}
+	fillLimit(t, s, key, tenSeconds, 1, first, n, now)
+}
+
+// fillLimit charges the n distinct keys made by key from first on under l,
+// each times times, a millisecond apart from now on: a sliding log of as
+// many requests ends full, with times entries.
+func fillLimit(t testing.TB, s *Store, key func([]byte, int) []byte, l window.Limit, times, first, n int, now time.Time) {
+	t.Helper()
+	charges := []window.Charge{{Name: "per-ip", Limit: l, Cost: 1}}
 	out := make([]window.Decision, 1)
 	var buf []byte
-	for i := first; i < first+n; i++ {
-		buf = key(buf, i)
-		// The key's memory is reused for the next key, as a caller may do.
-		charges[0].Key = unsafe.String(&buf[0], len(buf))
-		if ok, err := s.Take(context.Background(), now, charges, out); !ok || err != nil {
-			t.Fatalf("Take(%s) = %v, %v", charges[0].Key, ok, err)
+	for j := range times {
+		at := now.Add(time.Duration(j) * time.Millisecond)
+		for i := first; i < first+n; i++ {
+			buf = key(buf, i)
+			// The key's memory is reused for the next key, as a caller may do.
+			charges[0].Key = unsafe.String(&buf[0], len(buf))
+			if ok, err := s.Take(context.Background(), at, charges, out); !ok || err != nil {
+				t.Fatalf("Take(%s) = %v, %v", charges[0].Key, ok, err)
+			}
 		}
 	}
 }
@@ -116,6 +127,132 @@ func TestBytesPerKey(t *testing.T) {
 			t.Errorf("%s: %.1f bytes per key, want at most %d", tt.name, per, maxBytesPerKey)
 		}
 	}
+}
+
+// algorithmShapes are the stores TestBytesPerAlgorithm measures: a million
+// keys charged once under the limit of every algorithm, and sliding logs
+// of 10, 100 and 1000 requests filled to the limit on fewer keys (a
+// million requests each).
+var algorithmShapes = []struct {
+	name        string
+	l           window.Limit
+	keys, times int
+}{
+	{"sliding_window", tenSeconds, memKeys, 1},
+	{"fixed_window", tenSeconds.FixedWindow(), memKeys, 1},
+	{"token_bucket", tenSeconds.TokenBucket(0), memKeys, 1},
+	{"leaky_bucket", tenSeconds.LeakyBucket(0, 0), memKeys, 1},
+	{"sliding_log/1", tenSeconds.SlidingLog(), memKeys, 1},
+	{"sliding_log/10", window.Limit{Requests: 10, Window: 10 * time.Second}.SlidingLog(), memKeys / 10, 10},
+	{"sliding_log/100", window.Limit{Requests: 100, Window: 10 * time.Second}.SlidingLog(), memKeys / 100, 100},
+	{"sliding_log/1000", window.Limit{Requests: 1000, Window: 10 * time.Second}.SlidingLog(), memKeys / 1000, 1000},
+}
+
+// bytesPerAlgorithmKey returns the heap growth per counter of a default
+// store filled as shape says.
+func bytesPerAlgorithmKey(t testing.TB, l window.Limit, keys, times int) float64 {
+	before := heapAlloc()
+	s, err := New(Config{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillLimit(t, s, ipKey, l, times, 0, keys, t0)
+	after := heapAlloc()
+	if got := s.Len(); got != keys {
+		t.Fatalf("Len() = %d, want %d", got, keys)
+	}
+	runtime.KeepAlive(s)
+	return perKey(before, after, keys)
+}
+
+// maxLogBytes is what a sliding log of n entries may cost before
+// TestBytesPerAlgorithm fails: the budget of a counter, its slot in the
+// log table (twice: the table grows by doubling) and room for logRoom(n,
+// n) entries of 16 bytes, rounded up by the allocator by at most an eighth.
+func maxLogBytes(n int) float64 {
+	return maxBytesPerKey + 2*float64(unsafe.Sizeof(logSlot{})) + float64(logRoom(n, int64(n)))*16*9/8
+}
+
+// TestBytesPerAlgorithm measures what a counter of every algorithm costs,
+// a sliding log's entries included.
+func TestBytesPerAlgorithm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills stores with 1,000,000 keys or requests")
+	}
+	for _, tt := range algorithmShapes {
+		per := bytesPerAlgorithmKey(t, tt.l, tt.keys, tt.times)
+		t.Logf("%-16s %7.1f bytes per key (%d keys, %d entries)", tt.name, per, tt.keys, tt.times)
+		budget := float64(maxBytesPerKey)
+		if tt.l.Algorithm == window.SlidingLog {
+			budget = maxLogBytes(tt.times)
+		}
+		if per > budget {
+			t.Errorf("%s: %.1f bytes per key, want at most %.0f", tt.name, per, budget)
+		}
+	}
+}
+
+// TestLogMemoryReleased checks that sliding logs give their memory back
+// when they expire and are swept, and that a store full of logs stays
+// within MaxKeys logs of the limit's size however many keys churn through
+// it.
+func TestLogMemoryReleased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills stores with 500,000 requests")
+	}
+	const keys, entries = 5000, 100
+	l := window.Limit{Requests: entries, Window: 10 * time.Second}.SlidingLog()
+	t.Run("swept", func(t *testing.T) {
+		before := heapAlloc()
+		s, err := New(Config{SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillLimit(t, s, ipKey, l, entries, 0, keys, t0)
+		full := heapAlloc()
+		t.Logf("%d logs of %d entries: %.1f bytes per key", keys, entries, perKey(before, full, keys))
+		if n := s.sweep(at(10*time.Second + entries*time.Millisecond)); n != keys {
+			t.Fatalf("sweep dropped %d, want %d", n, keys)
+		}
+		checkInvariants(t, s)
+		for i := range s.shards {
+			if s.shards[i].logs != nil {
+				t.Fatalf("shard %d keeps its log table after its last log was swept", i)
+			}
+		}
+		kept := int64(heapAlloc()) - int64(before)
+		t.Logf("after the sweep: %d bytes kept of %d", kept, full-before)
+		if limit := int64(64 << 10); kept > limit {
+			t.Errorf("an emptied store keeps %d bytes, want at most %d", kept, limit)
+		}
+		runtime.KeepAlive(s)
+	})
+	t.Run("evicted", func(t *testing.T) {
+		const maxKeys, rounds = 1000, 5
+		before := heapAlloc()
+		s, err := New(Config{MaxKeys: maxKeys, SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak := uint64(0)
+		for r := range rounds {
+			fillLimit(t, s, ipKey, l, entries, r*maxKeys, maxKeys, t0.Add(time.Duration(r)*time.Second))
+			if n := s.Len(); n > maxKeys {
+				t.Fatalf("round %d: Len() = %d, want at most %d", r, n, maxKeys)
+			}
+			checkInvariants(t, s)
+			peak = max(peak, heapAlloc())
+		}
+		growth := int64(peak) - int64(before)
+		// Twice the budget: slack for unevenly filled shards.
+		allowance := int64(2 * maxKeys * maxLogBytes(entries))
+		t.Logf("%d keys of %d entries inserted, %d kept, heap grew by at most %d bytes (%.0f per kept key)",
+			rounds*maxKeys, entries, s.Len(), growth, float64(growth)/maxKeys)
+		if growth > allowance {
+			t.Errorf("heap grew by %d bytes, want at most %d", growth, allowance)
+		}
+		runtime.KeepAlive(s)
+	})
 }
 
 func BenchmarkBytesPerKey(b *testing.B) {

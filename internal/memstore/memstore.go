@@ -1,41 +1,62 @@
-// Package memstore is the in-memory store: a sliding-window counter per
-// (Name, Key, Limit.Window), kept in sharded hash tables with a bounded
-// number of counters. It decides with window.Take, so it answers exactly
-// as every other store does.
+// Package memstore is the in-memory store: a counter per (Name, Key,
+// Limit.Series) of any algorithm (sliding window, fixed window, token
+// bucket, leaky bucket, sliding log), kept in sharded hash tables with a
+// bounded number of counters. It decides with window.Take, so it answers
+// exactly as every other store does.
 //
-// A Key's counters, whatever their Name and Window, live in one shard,
+// A Key's counters, whatever their Name and limit, live in one shard,
 // chosen by a seeded hash of the Key, so that a request's charges on one Key
 // take one lock. Charges on keys in different shards lock those shards in
 // ascending order.
 //
 // # Identity
 //
-// A counter is identified by a 128-bit hash of (Name, Window, Key), not by
-// the Key's bytes, which the store never keeps. Each 64-bit half is a
-// maphash of the Key under a seed of its own, XORed with a mix of a seeded
-// hash of the Name and of the Window that differs between the halves and
-// is one-to-one in the Window; the three seeds are drawn at random by New.
-// Counters of two different Keys share a record only if both halves
-// collide: for keys nobody chose to collide, the chance that any two of n
-// live counters do is about n²/2^129, 2^-89 (1.6e-27) for a million
-// counters. An attacker who wants their key to land on a victim's counter
-// must find a 128-bit collision under seeds they never see, and learns
-// nothing from a miss. Two Names of the configuration collide, merging
-// their counters of equal Window, only if their 64-bit hashes do: 2^-64
-// per pair of names, drawn once per Store, and not something a request can
-// influence.
+// A counter is identified by a 128-bit hash of (Name, Series, Key), not by
+// the Key's bytes, which the store never keeps. Series is Limit.Series: the
+// window in ms for a sliding window, with the algorithm, the calendar
+// period and its time zone mixed in for the others, so that a limit whose
+// algorithm changes starts afresh, and one whose Requests change (plans)
+// does not. Each 64-bit half is a maphash of the Key under a seed of its
+// own, XORed with a mix of a seeded hash of the Name and of the Series
+// that differs between the halves and is one-to-one in the Series; the
+// three seeds are drawn at random by New. Counters of two different Keys
+// share a record only if both halves collide: for keys nobody chose to
+// collide, the chance that any two of n live counters do is about
+// n²/2^129, 2^-89 (1.6e-27) for a million counters. An attacker who wants
+// their key to land on a victim's counter must find a 128-bit collision
+// under seeds they never see, and learns nothing from a miss. Two Names of
+// the configuration collide, merging their counters of equal Series, only
+// if their 64-bit hashes do: 2^-64 per pair of names, drawn once per
+// Store, and not something a request can influence.
 //
 // # Layout
 //
 // A counter is a 40-byte record: the two halves of its identity (16
-// bytes), the start of its window (8), its previous and current counts as
-// two uint32 (8), and 8 bytes holding when it expires (milliseconds after
-// the start below 2^31 ms, about 24.8 days, and whole seconds rounded up
-// beyond, which only keeps a long-window counter up to a second longer)
-// and the access stamp used for eviction. A count of 2^32-1 or more, or an
-// expiry more than 68 years away, moves the record's state to a small
+// bytes), 16 bytes of state, and 8 bytes holding when it expires
+// (milliseconds after the state's start below 2^31 ms, about 24.8 days,
+// and whole seconds rounded up beyond, which only keeps a long-lived
+// counter up to a second longer) and the access stamp used for eviction.
+// The record does not know its algorithm: the charges that name it do,
+// since the Series in its identity includes it. The 16 bytes of state
+// hold, by algorithm:
+//
+//   - sliding window: the start of the current window (8 bytes) and the
+//     previous and current counts as two uint32;
+//   - fixed window: the start of the window and its count, the same way;
+//   - token or leaky bucket counted in 1 ms ticks (window.Limit.Tick,
+//     which is 1 ms unless 3 * (max(Requests, Burst) + 1) * window-in-ms
+//     exceeds 2^53): the instant of the level and the level itself, a
+//     uint64 below 2^53 however long the window (a token is window-in-ms
+//     drops, so a month's bucket of 10 holds 2.6e10);
+//   - sliding log: the instant it expires, and the number of its slot in
+//     a per-shard log table (see Sliding logs).
+//
+// A count of 2^32-1 or more, a bucket counted in coarser ticks, or an
+// expiry more than 68 years away moves the record's state to a small
 // per-shard map of full 64-bit states (a "wide" record), so decisions stay
-// exact whatever the counts.
+// exact whatever the counts. The value of the counts field tells the
+// encodings apart: a narrow count or level never has its high 32 bits all
+// ones, which mark a wide record (all 64 bits ones) or a log.
 //
 // Records are packed in chunks of 256 (10,240 bytes, an allocator size
 // class); removing a record moves the shard's last record into its place,
@@ -43,6 +64,29 @@
 // through an open-addressing index of uint32 slots with linear probing, at
 // most 3/4 full: a slot holds the record's number and as many bits of its
 // hash as are left over, so that probes that miss rarely read a record.
+//
+// # Sliding logs
+//
+// A sliding log's entries live in a slot of its shard's log table: a
+// buffer of window.Entry (16 bytes: the instant and the count of the
+// requests admitted in one millisecond) and their sum, 32 bytes; the
+// offset of the log in its buffer is kept in the record. window.Take rolls
+// and charges the buffer in place, without a copy, and writes to it only
+// when it charges it, so reads and denied requests leave a log exactly as
+// it was. After a charge the store keeps the buffer to the log's measure
+// (see log.go): a log moves back to the front of its buffer as entries
+// leave it, grows as append grows a slice but never beyond Requests +
+// Requests/64 + 1 entries of the limit that charged it (rounded up to the
+// allocator's size class), and gives its buffer back when it shrinks to a
+// quarter. A log holds at most Requests entries (the largest Requests it
+// was charged under in the last window, if plans changed), since entries
+// merge per millisecond and each costs at least 1, and Requests of a
+// sliding log is at most max(MaxLog, 1000) by window.Limit.Validate:
+// memory stays bounded by MaxKeys logs of that size whatever keys clients
+// invent. A log dropped by eviction or a sweep
+// frees its slot and its buffer at once; a sweep that leaves a table
+// mostly free rebuilds it to fit. Two charges of one request on the same
+// log (a repeated counter) allocate a copy of it.
 //
 // # Bounds and eviction
 //
@@ -55,17 +99,32 @@
 // Each insertion also checks the next two counters of the shard, in turn,
 // and drops them if they have expired.
 //
+// # Expiry
+//
+// A counter expires when it can no longer affect a decision, as
+// window.ExpiryOf says under the limit that charged it last: two windows
+// after the start of its current one for a sliding window, at the end of
+// its window for a fixed window, when the bucket is full (the queue
+// empty) again for a token (leaky) bucket, and one window after its newest
+// entry for a sliding log. From then on it is taken as absent, as every
+// store takes it, even before a sweep drops it. For the windows and the
+// log, that is what rolling it would give. A bucket's refill depends on
+// its Requests, which plans may change: a bucket charged under a faster
+// plan and read, after it was full again, under a slower one is full,
+// where rolling its old level at the slower rate would not be.
+//
 // # Giving memory back
 //
-// One background sweeper per Store drops every counter that can no longer
-// affect a decision (see window.Expiry), then frees the chunks left empty
-// and rebuilds any index that has become four times larger than its
-// counters need (a Go map would never shrink). Counters written at t with
-// windows of w are therefore all released by the first sweep at or after
-// t + 2w. A sweep costs about 50 ns per counter it drops and releases the
-// shard's lock every 256 counters; rebuilding an index, smaller after a
-// sweep or twice as large when a shard grows, holds the lock for about
-// 10 ns per counter (0.1 to 0.2 ms for a full shard at the defaults).
+// One background sweeper per Store drops every counter that has expired,
+// then frees the chunks left empty and rebuilds any index that has become
+// four times larger than its counters need (a Go map would never shrink),
+// and the wide map and log table likewise. Sliding-window counters written
+// at t with windows of w are therefore all released by the first sweep at
+// or after t + 2w. A sweep costs about 50 ns per counter it drops and
+// releases the shard's lock every 256 counters; rebuilding an index,
+// smaller after a sweep or twice as large when a shard grows, holds the
+// lock for about 10 ns per counter (0.1 to 0.2 ms for a full shard at the
+// defaults).
 //
 // # Measured
 //
@@ -78,9 +137,28 @@
 // the default MaxKeys of 1<<20 holds 50.5 MB, and stays there however many
 // new keys churn through it. Once those counters have expired, one sweep
 // brings the store back to 13 KB; when a tenth of them are still live, to
-// 54 bytes per live counter. Measured by
+// 54 bytes per live counter.
 //
-//	go test -run 'TestBytesPerKey|TestMemoryReleased' -v ./internal/memstore/
+// Per algorithm, with the same keys and a 10 s window, a million requests
+// each (bytes of heap per key, after GC):
+//
+//	sliding window    1,000,000 keys, 1 request each        48.8
+//	fixed window      1,000,000 keys, 1 request each        48.8
+//	token bucket      1,000,000 keys, 1 request each        48.8
+//	leaky bucket      1,000,000 keys, 1 request each        48.8
+//	sliding log       1,000,000 keys, 1 entry each         102.6
+//	sliding log of 10   100,000 keys, full: 10 entries     272
+//	sliding log of 100   10,000 keys, full: 100 entries   1,917
+//	sliding log of 1000   1,000 keys, full: 1000 entries 16,510
+//
+// A log costs the record, its 32-byte slot (up to twice that as the table
+// grows by doubling) and its buffer: 16 bytes per entry, with the room of
+// Requests/64 + 1 entries rounded up to a size class (11 entries for 10,
+// 112 for 100, 1024 for 1000). A store full of logs of 1000 entries at the
+// default MaxKeys would hold 17 GB: MaxKeys, or MaxLog, should be chosen
+// for the logs a deployment keeps. Measured by
+//
+//	go test -run 'TestBytesPerKey|TestBytesPerAlgorithm|TestMemoryReleased|TestLogMemoryReleased' -v ./internal/memstore/
 package memstore
 
 import (
@@ -90,6 +168,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/window"
@@ -138,7 +217,7 @@ type Config struct {
 	SweepInterval time.Duration
 }
 
-// Store is an in-memory store of sliding-window counters. It is safe for
+// Store is an in-memory store of counters of every algorithm. It is safe for
 // concurrent use. Call Close to stop its sweeper when it is no longer
 // needed.
 type Store struct {
@@ -241,15 +320,16 @@ func (s *Store) keyHash(key string) (uint64, uint64) {
 	return maphash.String(s.key1, key), maphash.String(s.key2, key)
 }
 
-// ident returns the identity of the counter for (name, w) of the Key whose
-// keyHash is k1, k2: each half XORs the Key's hash with a different mix of
-// a seeded hash of name and of w, one-to-one in w, so that one Name's
-// windows never share an identity.
-func (s *Store) ident(k1, k2 uint64, name string, w int64) ident {
+// ident returns the identity of the counter for (name, series) of the Key
+// whose keyHash is k1, k2, series being a Limit.Series: each half XORs the
+// Key's hash with a different mix of a seeded hash of name and of series,
+// one-to-one in series, so that one Name's series (windows, algorithms,
+// periods) never share an identity.
+func (s *Store) ident(k1, k2 uint64, name string, series uint64) ident {
 	n := maphash.String(s.name, name)
 	return ident{
-		h1: k1 ^ (n + uint64(w)*0x9e3779b97f4a7c15),
-		h2: k2 ^ mix64(n^uint64(w)*0xc2b2ae3d27d4eb4f),
+		h1: k1 ^ (n + series*0x9e3779b97f4a7c15),
+		h2: k2 ^ mix64(n^series*0xc2b2ae3d27d4eb4f),
 	}
 }
 
@@ -276,13 +356,17 @@ func (s *Store) shardOf(k2 uint64) uint32 {
 //
 // Only the admitted charges that cost something change a counter: reads
 // (Cost 0) and denied requests neither create a counter, so probes of
-// unknown keys use no memory, nor roll an existing one forward. A counter
-// keeps a hash of its Name, Window and Key, never the Key itself. Two
-// charges naming the same counter are each decided against the counter as
-// it was before the request, and both costs are counted if it is admitted.
+// unknown keys use no memory, nor roll an existing one forward (a sliding
+// log keeps even the entries that have left its window). A counter keeps a
+// hash of its Name, Series and Key, never the Key itself. Two charges
+// naming the same counter are each decided against the counter as it was
+// before the request, and both costs are counted if it is admitted: the
+// second one's after rolling the counter again under its own limit, as
+// window.Add's callers do.
 //
 // Take allocates nothing for up to 8 charges on existing counters, except
-// once when a counter's count first reaches 2^32-1.
+// once when a counter first needs a wide record, when a sliding log grows
+// or shrinks its buffer, and when one request charges a sliding log twice.
 func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
 	if len(out) != len(charges) {
 		return false, fmt.Errorf("memstore: %d decisions for %d charges, want as many", len(out), len(charges))
@@ -329,13 +413,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		if i == 0 || c.Key != charges[i-1].Key {
 			k1, k2 = s.keyHash(c.Key)
 		}
-		w.id = s.ident(k1, k2, c.Name, c.Limit.Window.Milliseconds())
+		w.id = s.ident(k1, k2, c.Name, series(&c.Limit))
 		w.shard = s.shardOf(k2)
-		w.first, w.cost, w.rec = i, int64(c.Cost), -1
+		w.first, w.rep, w.cost, w.rec = int32(i), int32(i), int64(c.Cost), -1
 		for j := range i {
-			if works[j].first == j && works[j].id == w.id {
-				w.first, dup = j, true
-				works[j].cost += w.cost
+			if f := &works[j]; f.first == int32(j) && f.id == w.id {
+				w.first, dup = int32(j), true
+				f.cost += w.cost
+				if charges[f.rep].Cost == 0 {
+					f.rep = int32(i)
+				}
 				break
 			}
 		}
@@ -347,31 +434,32 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	}
 	for i := range works {
 		w := &works[i]
-		if w.first != i {
+		if w.first != int32(i) {
 			continue
 		}
 		sh := &s.shards[w.shard]
 		states[i] = window.State{}
 		if r := sh.lookup(w.id); r >= 0 {
 			sh.touch(r)
-			if st, until := sh.state(r); ms < until {
+			st, until := sh.state(r, charges[i].Limit.Algorithm)
+			if ms < until {
 				states[i] = st
-			} // else it can no longer tell anything
+			} else {
+				// It can no longer tell anything; a log's buffer may
+				// serve again.
+				states[i].Log = st.Log[:0]
+			}
 			w.rec = r
 		}
 	}
 	if dup {
-		for i := range works {
-			if f := works[i].first; f != i {
-				states[i] = states[f]
-			}
-		}
+		spread(works, states, charges)
 	}
 
 	allowed := window.Take(states, ms, charges, out)
 
 	if allowed {
-		s.charge(works, states, charges, ms)
+		s.charge(works, states, charges, ms, dup)
 	}
 	for _, si := range locks {
 		s.shards[si].mu.Unlock()
@@ -379,19 +467,110 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	return allowed, nil
 }
 
-// work is Take's scratch space for one charge.
-type work struct {
-	id    ident
-	rec   int   // the number of the existing record in its shard, or -1
-	first int   // index of the first charge naming the same counter
-	cost  int64 // the cost of every charge on the counter, if first == i
-	shard uint32
+// GiveBack gives back the places of charges admitted with a Delay by a
+// LeakyBucket, or the tokens of a TokenBucket's: it takes each charge's
+// cost off its counter's level, never below empty (window.GiveBack), so
+// that the requests after it do not wait for it. now is the instant the
+// charges were decided at; the zero time means the Store's clock. Charges
+// of other algorithms, and counters that no longer exist or have expired,
+// are left as they are: GiveBack never creates a counter. It returns an
+// error, and gives nothing back, if a charge has an invalid Limit or a
+// negative Cost, or if ctx is already done. It implements
+// middleware.Returner.
+func (s *Store) GiveBack(ctx context.Context, now time.Time, charges []window.Charge) error {
+	for i := range charges {
+		c := &charges[i]
+		if err := c.Limit.Validate(); err != nil {
+			return fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
+		}
+		if c.Cost < 0 {
+			return fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: %w", err)
+	}
+	if now.IsZero() {
+		now = s.now()
+	}
+	ms := now.UnixMilli()
+	for i := range charges {
+		c := &charges[i]
+		if a := c.Limit.Algorithm; c.Cost == 0 || a != window.TokenBucket && a != window.LeakyBucket {
+			continue
+		}
+		k1, k2 := s.keyHash(c.Key)
+		id, sh := s.ident(k1, k2, c.Name, series(&c.Limit)), &s.shards[s.shardOf(k2)]
+		sh.mu.Lock()
+		if r := sh.lookup(id); r >= 0 {
+			if st, exp := sh.state(r, c.Limit.Algorithm); ms < exp {
+				st, _ = c.Limit.Roll(st, ms)
+				window.GiveBack(&st, c.Limit, int64(c.Cost))
+				sh.set(r, &st, until(&c.Limit, &st, ms), &c.Limit)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
 }
 
-// until returns when a counter written at now with state st and windows of
-// w ms expires: now plus window.Expiry, rounded up to the millisecond.
-func until(st window.State, now, w int64) int64 {
-	d := window.Expiry(st.Start, now, w)
+// work is Take's scratch space for one charge.
+type work struct {
+	id   ident
+	rec  int   // the number of the existing record in its shard, or -1
+	cost int64 // the cost of every charge on the counter, if first == i
+	// first is the index of the first charge naming the same counter. On
+	// the first, rep is the first charge on the counter that costs
+	// something (if none does, the last one): the one whose state
+	// window.Take charges in the counter's own memory; and charge sets
+	// last to the last one, whose limit says when the counter expires.
+	first, rep, last int32
+	shard            uint32
+}
+
+// spread gives each charge that repeats a counter the counter's state, as
+// read for the first charge naming it. The log of a sliding log is given
+// to the group's rep only: window.Take charges logs in place, so every
+// other charge gets a copy, lest its cost be charged to the rep's log or
+// the rep's to its own.
+func spread(works []work, states []window.State, charges []window.Charge) {
+	for i := range works {
+		f := works[i].first
+		if f == int32(i) {
+			continue
+		}
+		states[i] = states[f]
+		if states[i].Log != nil {
+			states[i].Log = slices.Clone(states[i].Log)
+		}
+	}
+	for i := range works {
+		w := &works[i]
+		if w.first == int32(i) && w.rep != int32(i) && charges[w.rep].Cost > 0 && states[i].Log != nil {
+			states[w.rep].Log, states[i].Log = states[i].Log, states[w.rep].Log
+		}
+	}
+}
+
+// series returns l.Series() without a call for the sliding window, whose
+// Series is its window in milliseconds.
+func series(l *window.Limit) uint64 {
+	if l.Algorithm == window.SlidingWindow {
+		return uint64(l.Window.Milliseconds())
+	}
+	return l.Series()
+}
+
+// until returns when a counter of l written at now with state st expires:
+// now plus window.ExpiryOf, rounded up to the millisecond. That of a
+// sliding window is window.Expiry, inlined.
+func until(l *window.Limit, st *window.State, now int64) int64 {
+	var d time.Duration
+	if l.Algorithm == window.SlidingWindow {
+		d = window.Expiry(st.Start, now, l.Window.Milliseconds())
+	} else {
+		d = window.ExpiryOf(*l, *st, now)
+	}
 	if d <= 0 {
 		return now
 	}
@@ -401,21 +580,39 @@ func until(st window.State, now, w int64) int64 {
 // charge writes back the counters of an admitted request: each counter that
 // one of its charges costs something is set to its rolled state plus every
 // cost charged to it, and created if new. Reads leave counters as they
-// were, unrolled, as denials do. The shards of works must be locked.
-func (s *Store) charge(works []work, states []window.State, charges []window.Charge, now int64) {
+// were, unrolled, as denials do. dup says whether charges repeat a
+// counter. The shards of works must be locked.
+//
+// window.Take charged the first charge that costs something on each
+// counter, its rep; the costs of the charges that repeat it are added as
+// though each came in turn, rolling the state under its own limit
+// (window.Add), and the counter expires as the limit of the last one
+// says.
+func (s *Store) charge(works []work, states []window.State, charges []window.Charge, now int64, dup bool) {
 	// Update existing counters before inserting new ones: an insertion may
 	// evict or move records, which would invalidate the numbers in works.
 	inserts := false
 	for i := range works {
 		w := &works[i]
-		if w.first != i || w.cost == 0 {
+		if w.first != int32(i) || w.cost == 0 {
 			continue
 		}
-		// window.Take added charge i's cost; add those of the charges that
-		// repeat its counter.
-		states[i].Curr += w.cost - int64(charges[i].Cost)
+		st, last := &states[w.rep], w.rep
+		if dup && w.cost != int64(charges[last].Cost) {
+			for j := int(w.rep) + 1; j < len(works); j++ {
+				if works[j].first == int32(i) && charges[j].Cost > 0 {
+					last = int32(j)
+					l := &charges[j].Limit
+					var at int64
+					*st, at = l.Roll(*st, now)
+					window.Add(st, at, *l, int64(charges[j].Cost))
+				}
+			}
+		}
+		w.last = last
+		l := &charges[last].Limit
 		if w.rec >= 0 {
-			s.shards[w.shard].set(w.rec, states[i], until(states[i], now, charges[i].Limit.Window.Milliseconds()))
+			s.shards[w.shard].set(w.rec, st, until(l, st, now), l)
 		} else {
 			inserts = true
 		}
@@ -424,8 +621,9 @@ func (s *Store) charge(works []work, states []window.State, charges []window.Cha
 		return
 	}
 	for i := range works {
-		if w := &works[i]; w.first == i && w.cost > 0 && w.rec < 0 {
-			s.shards[w.shard].insert(w.id, states[i], until(states[i], now, charges[i].Limit.Window.Milliseconds()), now)
+		if w := &works[i]; w.first == int32(i) && w.cost > 0 && w.rec < 0 {
+			st, l := &states[w.rep], &charges[w.last].Limit
+			s.shards[w.shard].insert(w.id, st, until(l, st, now), now, l)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,10 +19,12 @@ import (
 	"github.com/sluicehq/sluice/internal/window"
 )
 
-// The method set of middleware.Store, restated here so that this package's
-// tests do not depend on the middleware package.
+// The method sets of middleware.Store and middleware.Returner, restated
+// here so that this package's tests do not depend on the middleware
+// package.
 var _ interface {
 	Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error)
+	GiveBack(ctx context.Context, now time.Time, charges []window.Charge) error
 } = (*Store)(nil)
 
 // t0 is aligned on the hour, so it starts a window of every length used here.
@@ -68,10 +71,10 @@ func remaining(t testing.TB, s *Store, now time.Time, key string, l window.Limit
 	return out[0].Remaining
 }
 
-// identOf returns the identity of the counter for (name, key, w).
-func (s *Store) identOf(name, key string, w time.Duration) (ident, *shard) {
+// identOf returns the identity of the counter for (name, key, l).
+func (s *Store) identOf(name, key string, l window.Limit) (ident, *shard) {
 	k1, k2 := s.keyHash(key)
-	return s.ident(k1, k2, name, w.Milliseconds()), &s.shards[s.shardOf(k2)]
+	return s.ident(k1, k2, name, l.Series()), &s.shards[s.shardOf(k2)]
 }
 
 // keyShard returns the index of key's shard.
@@ -80,24 +83,41 @@ func (s *Store) keyShard(key string) uint32 {
 	return s.shardOf(k2)
 }
 
-// has reports whether s holds a counter for key and w.
+// sliding is the sliding-window limit of window w, as far as identity
+// goes.
+func sliding(w time.Duration) window.Limit { return window.Limit{Requests: 1, Window: w} }
+
+// has reports whether s holds a sliding-window counter for key and w.
 func (s *Store) has(name, key string, w time.Duration) bool {
-	id, sh := s.identOf(name, key, w)
+	return s.hasLimit(name, key, sliding(w))
+}
+
+// hasLimit reports whether s holds a counter for key and l.
+func (s *Store) hasLimit(name, key string, l window.Limit) bool {
+	id, sh := s.identOf(name, key, l)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.lookup(id) >= 0
 }
 
-// stateOf returns the state held for key and w, and whether there is one.
+// stateOf returns the state held for key and a sliding window of w, and
+// whether there is one.
 func (s *Store) stateOf(name, key string, w time.Duration) (window.State, bool) {
-	id, sh := s.identOf(name, key, w)
+	return s.stateOfLimit(name, key, sliding(w))
+}
+
+// stateOfLimit returns a copy of the state held for key and l, and
+// whether there is one.
+func (s *Store) stateOfLimit(name, key string, l window.Limit) (window.State, bool) {
+	id, sh := s.identOf(name, key, l)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i := sh.lookup(id)
 	if i < 0 {
 		return window.State{}, false
 	}
-	st, _ := sh.state(i)
+	st, _ := sh.state(i, l.Algorithm)
+	st.Log = slices.Clone(st.Log)
 	return st, true
 }
 
@@ -165,6 +185,60 @@ func checkShard(t testing.TB, i int, sh *shard) {
 	}
 	if wide != len(sh.wide) {
 		t.Errorf("shard %d: %d wide records, %d wide states", i, wide, len(sh.wide))
+	}
+	checkLogs(t, i, sh)
+}
+
+// checkLogs fails t unless the log records of sh and its log table agree:
+// one live slot per log record, each log well formed within its buffer,
+// and free slots holding no memory.
+func checkLogs(t testing.TB, i int, sh *shard) {
+	t.Helper()
+	logs := 0
+	used := map[uint32]bool{}
+	for r := range sh.n {
+		rec := sh.rec(r)
+		if !rec.isLog() {
+			continue
+		}
+		logs++
+		k := uint32(rec.counts)
+		if sh.logs == nil || int(k) >= len(sh.logs.slots) || used[k] {
+			t.Errorf("shard %d: record %d has log slot %d, taken or out of the table", i, r, k)
+			continue
+		}
+		used[k] = true
+		sl := &sh.logs.slots[k]
+		off := int(uint32(rec.meta))
+		if sl.buf == nil || off >= len(sl.buf) {
+			t.Errorf("shard %d: log slot %d holds entries from %d of %d (cap %d)", i, k, off, len(sl.buf), cap(sl.buf))
+			continue
+		}
+		if off > 0 && len(sl.buf) == cap(sl.buf) {
+			t.Errorf("shard %d: log slot %d ends its buffer with %d entries unused before it", i, k, off)
+		}
+		sum, prev := int64(0), int64(math.MinInt64)
+		for _, e := range sl.buf[off:] {
+			if e.N <= 0 || e.At <= prev {
+				t.Errorf("shard %d: log slot %d has entry %+v after one at %d", i, k, e, prev)
+			}
+			sum, prev = sum+e.N, e.At
+		}
+		if sum != sl.curr {
+			t.Errorf("shard %d: log slot %d sums to %d, curr %d", i, k, sum, sl.curr)
+		}
+	}
+	if sh.logs == nil {
+		return
+	}
+	if live := len(sh.logs.slots) - len(sh.logs.unused); live != logs {
+		t.Errorf("shard %d: %d log slots live, %d log records", i, live, logs)
+	}
+	for _, k := range sh.logs.unused {
+		if used[k] || sh.logs.slots[k].buf != nil {
+			t.Errorf("shard %d: free log slot %d is used or holds a buffer", i, k)
+		}
+		used[k] = true
 	}
 }
 
@@ -756,7 +830,7 @@ func TestKeys(t *testing.T) {
 			k1, k2 := s.keyHash(fmt.Sprint("ip:", k))
 			for _, name := range []string{"", "a", "b"} {
 				for _, w := range []int64{1, 2, 1000, 1001, 60000} {
-					id := s.ident(k1, k2, name, w)
+					id := s.ident(k1, k2, name, uint64(w))
 					what := fmt.Sprintf("%q/%d/%d", name, w, k)
 					if prev, ok := seen[id]; ok {
 						t.Fatalf("%s and %s share identity %x", prev, what, id)
@@ -958,8 +1032,8 @@ func TestExpiredEntryIsReset(t *testing.T) {
 	take(t, s, t0, charge("k", perSecond(5), 5))
 	// Whatever an expired entry holds, it must not count.
 	sh := &s.shards[0]
-	_, until := sh.state(0)
-	sh.set(0, window.State{Start: t0.UnixMilli(), Prev: 1 << 40, Curr: 1 << 40}, until)
+	_, until := sh.state(0, window.SlidingWindow)
+	sh.set(0, &window.State{Start: t0.UnixMilli(), Prev: 1 << 40, Curr: 1 << 40}, until, &window.Limit{Requests: 5, Window: time.Second})
 	if got := remaining(t, s, at(2*time.Second), "k", perSecond(5)); got != 5 {
 		t.Errorf("remaining on an expired entry = %d, want 5", got)
 	}

@@ -32,9 +32,17 @@ const (
 	samples = 8
 	// handSteps is how many counters each insertion examines for expiry.
 	handSteps = 2
+	// special is the first value of a record's counts field that does not
+	// hold counts: the high 32 bits are all ones, which a narrow count
+	// (below narrowMax) or a narrow token-bucket level (below special)
+	// never has. wideCounts is one such value; the others are logs.
+	special = uint64(1<<32-1) << 32
 	// wideCounts marks a record whose state lives in its shard's wide map.
-	// Narrow counts are both below 1<<32 - 1, so they never equal it.
 	wideCounts = ^uint64(0)
+	// logCounts marks a sliding log: the record's state lives in the
+	// shard's log table, at the slot held in the low 32 bits of counts
+	// (never 1<<32 - 1, which would read as wideCounts).
+	logCounts = special
 	// narrowMax is the first count that makes a record wide.
 	narrowMax = 1<<32 - 1
 	// inSeconds is set in a life code given in whole seconds rather than
@@ -45,22 +53,39 @@ const (
 	maxAge = 1 << 31
 )
 
-// ident is a counter's identity: a 128-bit seeded hash of (Name, Window,
-// Key). See Store.ident.
+// ident is a counter's identity: a 128-bit seeded hash of (Name,
+// Limit.Series, Key). See Store.ident.
 type ident struct{ h1, h2 uint64 }
 
-// record is one counter, 40 bytes.
+// record is one counter, 40 bytes. What start and counts hold depends on
+// the algorithm of the counter, which the record does not know: the
+// charges that name it do (Series, part of its identity, includes the
+// algorithm).
+//
+//   - Sliding and fixed windows: start is State.Start, counts holds
+//     State.Prev in its low and State.Curr in its high 32 bits.
+//   - Token or leaky bucket counted in ticks of 1 ms (State.Prev == 1):
+//     start is State.Start and counts is the level, State.Curr (below
+//     special).
+//   - Sliding log: counts is logCounts | slot, the slot of the log in the
+//     shard's log table, start is the instant the counter expires, and
+//     the low 32 bits of meta, instead of a life code, hold the offset of
+//     the log in the slot's buffer.
+//   - Anything else (counts of 2^32-1 or more, a bucket in coarser ticks,
+//     a life beyond 68 years): counts is wideCounts and the state lives in
+//     the shard's wide map.
 type record struct {
 	id ident
-	// start is State.Start.
+	// start is State.Start, or the expiry of a log.
 	start int64
-	// counts holds State.Prev in its low and State.Curr in its high 32
-	// bits, or wideCounts.
+	// counts holds the counts as above, wideCounts or logCounts | slot.
 	counts uint64
-	// meta holds the life code in its low 32 bits and the access stamp in
-	// its high 32.
+	// meta holds the life code (a log's offset) in its low 32 bits and
+	// the access stamp in its high 32.
 	meta uint64
 }
+
+func (r *record) isLog() bool { return r.counts >= special && r.counts != wideCounts }
 
 func (r *record) access() uint32     { return uint32(r.meta >> 32) }
 func (r *record) setAccess(a uint32) { r.meta = r.meta&(1<<32-1) | uint64(a)<<32 }
@@ -113,13 +138,14 @@ type shard struct {
 	slots   []uint32
 	chunks  [][]record
 	wide    map[ident]wideState // records with counts == wideCounts; nil if none
+	logs    *logTable           // the logs of records that are sliding logs; nil if none
 	n       int                 // records held
 	cap     int                 // most records held
 	hand    int                 // next record the insertions check for expiry
 	rng     uint64              // state of the sampling generator
 	clock   uint32              // access clock, ticks at every touch
 	idxBits uint32              // bits of a slot that hold the record number
-	_       [20]byte            // pads shard to 128 bytes, two cache lines
+	_       [12]byte            // pads shard to 128 bytes, two cache lines
 }
 
 func (sh *shard) init(capacity int, seed uint64) {
@@ -234,42 +260,105 @@ func (sh *shard) touch(i int) {
 	sh.rec(i).setAccess(sh.clock)
 }
 
-// state returns record i's state and the instant it expires at.
-func (sh *shard) state(i int) (window.State, int64) {
+// state returns record i's state, read as a counter of algorithm a, and
+// the instant it expires at. The Log of a sliding log is the log table's
+// own memory, which window.Take may append to in place: a caller that
+// does not write the state back with set may still let Take use it, as
+// Take writes to a log only when it charges it.
+func (sh *shard) state(i int, a window.Algorithm) (window.State, int64) {
 	r := sh.rec(i)
-	if r.counts == wideCounts {
+	switch {
+	case r.counts < special:
+		until := r.start + lifeOf(uint32(r.meta))
+		if a == window.TokenBucket || a == window.LeakyBucket {
+			return window.State{Start: r.start, Prev: 1, Curr: int64(r.counts)}, until
+		}
+		return window.State{Start: r.start, Prev: int64(r.counts & (1<<32 - 1)), Curr: int64(r.counts >> 32)}, until
+	case r.counts == wideCounts:
 		w := sh.wide[r.id]
 		return w.s, w.until
 	}
-	s := window.State{Start: r.start, Prev: int64(r.counts & (1<<32 - 1)), Curr: int64(r.counts >> 32)}
-	return s, r.start + lifeOf(uint32(r.meta))
+	return sh.logs.state(uint32(r.counts), uint32(r.meta)), r.start
+}
+
+// until returns the instant record i expires at.
+func (sh *shard) until(i int) int64 {
+	switch r := sh.rec(i); {
+	case r.counts < special:
+		return r.start + lifeOf(uint32(r.meta))
+	case r.counts == wideCounts:
+		return sh.wide[r.id].until
+	default:
+		return r.start // a log
+	}
 }
 
 // expired reports whether record i can no longer affect a decision at now.
 func (sh *shard) expired(i int, now int64) bool {
-	_, until := sh.state(i)
-	return now >= until
+	return now >= sh.until(i)
 }
 
-// set stores s and its expiry instant in record i. It allocates only when
-// the record first needs the wide encoding.
-func (sh *shard) set(i int, s window.State, until int64) {
+// set stores s, a state of l's algorithm, and its expiry instant in
+// record i. It allocates only when the record first needs the wide
+// encoding, and when a log needs more room (see logTable.store).
+func (sh *shard) set(i int, s *window.State, until int64, l *window.Limit) {
 	r := sh.rec(i)
+	var counts uint64
+	var narrow bool
+	switch l.Algorithm {
+	case window.SlidingLog:
+		sh.setLog(r, s, until, int64(l.Requests))
+		return
+	case window.TokenBucket, window.LeakyBucket:
+		counts, narrow = uint64(s.Curr), s.Prev == 1 && uint64(s.Curr) < special
+	default:
+		counts, narrow = uint64(s.Prev)|uint64(s.Curr)<<32, uint64(s.Prev) < narrowMax && uint64(s.Curr) < narrowMax
+	}
 	code, ok := lifeCode(until - s.Start)
-	if ok && uint64(s.Prev) < narrowMax && uint64(s.Curr) < narrowMax {
-		if r.counts == wideCounts {
+	narrow = narrow && ok
+	if narrow && r.counts < special { // narrow before and after: the usual case
+		r.start = s.Start
+		r.counts = counts
+		r.meta = r.meta&^(1<<32-1) | uint64(code)
+		return
+	}
+	switch {
+	case r.counts == wideCounts:
+		if narrow {
 			delete(sh.wide, r.id)
 		}
+	case r.isLog():
+		sh.logs.free(uint32(r.counts)) // not a log any more: only on a collision
+	}
+	if narrow {
 		r.start = s.Start
-		r.counts = uint64(s.Prev) | uint64(s.Curr)<<32
+		r.counts = counts
 		r.meta = r.meta&^(1<<32-1) | uint64(code)
 		return
 	}
 	if sh.wide == nil {
 		sh.wide = make(map[ident]wideState)
 	}
-	sh.wide[r.id] = wideState{s: s, until: until}
+	sh.wide[r.id] = wideState{s: *s, until: until}
 	r.counts = wideCounts
+}
+
+// setLog stores the sliding log s in record r, which expires at until.
+// requests is the limit it was last charged under, which bounds how many
+// entries it may come to hold.
+func (sh *shard) setLog(r *record, s *window.State, until, requests int64) {
+	if !r.isLog() {
+		if r.counts == wideCounts {
+			delete(sh.wide, r.id) // was not a log: only on a collision
+		}
+		if sh.logs == nil {
+			sh.logs = new(logTable)
+		}
+		r.counts = logCounts | uint64(sh.logs.alloc())
+	}
+	off := sh.logs.store(uint32(r.counts), s, requests)
+	r.start = until
+	r.meta = r.meta&^(1<<32-1) | uint64(off)
 }
 
 // push appends a record for id and returns its number. It does not index
@@ -299,8 +388,11 @@ func (sh *shard) push(id ident) int {
 func (sh *shard) remove(i int) {
 	r := sh.rec(i)
 	sh.unplace(sh.slotOf(r.id.h1, i))
-	if r.counts == wideCounts {
+	switch {
+	case r.counts == wideCounts:
 		delete(sh.wide, r.id)
+	case r.isLog():
+		sh.logs.free(uint32(r.counts))
 	}
 	last := sh.n - 1
 	if i != last {
@@ -320,11 +412,11 @@ func (sh *shard) remove(i int) {
 	}
 }
 
-// insert adds a counter for id with state s, which expires at until, and
-// returns its number. First it checks the next handSteps records for
-// expiry, dropping those expired, then, if the shard is still full, it
-// evicts one. sh.mu must be held.
-func (sh *shard) insert(id ident, s window.State, until, now int64) int {
+// insert adds a counter for id with state s of l's algorithm, which
+// expires at until, and returns its number. First it checks the next
+// handSteps records for expiry, dropping those expired, then, if the shard
+// is still full, it evicts one. sh.mu must be held.
+func (sh *shard) insert(id ident, s *window.State, until, now int64, l *window.Limit) int {
 	for range handSteps {
 		if sh.n == 0 {
 			break
@@ -345,7 +437,7 @@ func (sh *shard) insert(id ident, s window.State, until, now int64) int {
 		sh.resize(2 * len(sh.slots))
 	}
 	i := sh.push(id)
-	sh.set(i, s, until)
+	sh.set(i, s, until, l)
 	sh.touch(i)
 	sh.place(id.h1, i)
 	return i
@@ -391,8 +483,9 @@ func (sh *shard) random(n int) int {
 }
 
 // compact gives back the memory a shard no longer needs: empty chunks, an
-// index more than four times larger than its records need, and a wide map
-// that lost most of its entries. It runs after each sweep.
+// index more than four times larger than its records need, a wide map
+// that lost most of its entries and a log table that did. It runs after
+// each sweep.
 func (sh *shard) compact(wideBefore int) {
 	switch used := (sh.n + chunkMask) >> chunkShift; {
 	case used == 0:
@@ -411,5 +504,13 @@ func (sh *shard) compact(wideBefore int) {
 		sh.wide = nil
 	case len(sh.wide) < wideBefore/2:
 		sh.wide = maps.Clone(sh.wide) // a map never shrinks; a copy is sized to fit
+	}
+	if t := sh.logs; t != nil {
+		switch live := len(t.slots) - len(t.unused); {
+		case live == 0:
+			sh.logs = nil
+		case len(t.slots) > 2*live+16:
+			sh.renumberLogs(live)
+		}
 	}
 }

@@ -236,6 +236,10 @@ func TestSweepShrinks(t *testing.T) {
 	}
 }
 
+// perMinuteLimit is a sliding-window limit for the tests that call a
+// shard's methods directly.
+var perMinuteLimit = window.Limit{Requests: 10, Window: time.Minute}
+
 // TestShardAgainstModel drives a shard's index with identities crafted to
 // crowd a few home slots, share tags and wrap around the end of the index,
 // and checks every lookup against a map after each step.
@@ -260,13 +264,13 @@ func TestShardAgainstModel(t *testing.T) {
 			sh.remove(i)
 			delete(model, id)
 		case ok:
-			if st, _ := sh.state(i); st.Curr != curr {
+			if st, _ := sh.state(i, window.SlidingWindow); st.Curr != curr {
 				t.Fatalf("step %d: Curr = %d, want %d", step, st.Curr, curr)
 			}
-			sh.set(i, window.State{Curr: curr + 1}, never)
+			sh.set(i, &window.State{Curr: curr + 1}, never, &perMinuteLimit)
 			model[id]++
 		case len(model) < 40:
-			sh.insert(id, window.State{Curr: 1}, never, 0)
+			sh.insert(id, &window.State{Curr: 1}, never, 0, &perMinuteLimit)
 			model[id] = 1
 			ids = append(ids, id)
 		}

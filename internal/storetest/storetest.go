@@ -468,28 +468,34 @@ func (c counter) expiresAt() int64 {
 // every store, only admitted charges with a cost change a counter.
 type model map[counterID]counter
 
-// state returns a copy of the counter's state, safe to modify.
-func (m model) state(id counterID) window.State {
-	st := m[id].st
+// state returns a copy of the counter's state at now, safe to modify: an
+// empty state once the counter has expired (window.ExpiryOf, under the
+// limit it was last charged with), as every store forgets it then.
+func (m model) state(id counterID, now int64) window.State {
+	c := m[id]
+	if !c.set || now >= c.expiresAt() {
+		return window.State{}
+	}
+	st := c.st
 	st.Log = slices.Clone(st.Log)
 	return st
 }
 
 // take decides charges at now and, if admitted, counts them.
 func (m model) take(now time.Time, charges []window.Charge) (bool, []window.Decision) {
+	ms := window.Millis(now)
 	states := make([]window.State, len(charges))
 	for i, c := range charges {
-		states[i] = m.state(idOf(c))
+		states[i] = m.state(idOf(c), ms)
 	}
 	out := make([]window.Decision, len(charges))
-	ms := window.Millis(now)
 	allowed := window.Take(states, ms, charges, out)
 	if allowed {
 		// Counters named twice get every cost, rolled once.
 		for _, c := range charges {
 			if c.Cost > 0 {
 				k := idOf(c)
-				st, at := c.Limit.Roll(m.state(k), ms)
+				st, at := c.Limit.Roll(m.state(k, ms), ms)
 				window.Add(&st, at, c.Limit, int64(c.Cost))
 				m[k] = counter{st: st, l: c.Limit, at: at, set: true}
 			}
