@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
@@ -27,6 +29,29 @@ var exampleRoutes = []struct{ method, path, body string }{
 	{http.MethodGet, "/api/quote", `{"price":42}`},
 	{http.MethodPost, "/api/export", `{"export":"queued"}`},
 	{http.MethodGet, "/api/report", `{"report":"daily"}`},
+	{http.MethodGet, "/api/slow", `{"slow":true}`},
+	{http.MethodGet, "/api/smooth", `{"smooth":true}`},
+}
+
+// maxSlow bounds the wait of /api/slow.
+const maxSlow = 10 * time.Second
+
+// slow waits for the ms query parameter of /api/slow (at most maxSlow), or
+// until ctx is done: it stands for an expensive request.
+func slow(ctx context.Context, path, ms string) {
+	if path != "/api/slow" {
+		return
+	}
+	n, err := strconv.Atoi(ms)
+	if err != nil || n <= 0 {
+		return
+	}
+	t := time.NewTimer(min(time.Duration(n)*time.Millisecond, maxSlow))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // serveFunc serves lim's routes on ln until ctx is done.
@@ -47,7 +72,10 @@ func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter)
 			pattern += "{$}"
 		}
 		body := rt.body
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, body) })
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			slow(r.Context(), r.URL.Path, r.URL.Query().Get("ms"))
+			fmt.Fprintln(w, body)
+		})
 	}
 	srv := &http.Server{Handler: demoAuth(lim.Handler(mux)), ReadHeaderTimeout: readHeaderTimeout}
 	return serveHTTP(ctx, srv, ln)
@@ -64,7 +92,10 @@ func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter) err
 	r.Use(sluicegin.New(sluicegin.Config{Limiter: lim}))
 	for _, rt := range exampleRoutes {
 		body := rt.body
-		r.Handle(rt.method, rt.path, func(c *gin.Context) { c.String(http.StatusOK, body+"\n") })
+		r.Handle(rt.method, rt.path, func(c *gin.Context) {
+			slow(c.Request.Context(), c.Request.URL.Path, c.Query("ms"))
+			c.String(http.StatusOK, body+"\n")
+		})
 	}
 	srv := &http.Server{Handler: r, ReadHeaderTimeout: readHeaderTimeout}
 	return serveHTTP(ctx, srv, ln)
@@ -84,7 +115,10 @@ func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter) er
 	e.Use(sluiceecho.RateLimiter(lim))
 	for _, rt := range exampleRoutes {
 		body := rt.body
-		e.Add(rt.method, rt.path, func(c echo.Context) error { return c.String(http.StatusOK, body+"\n") })
+		e.Add(rt.method, rt.path, func(c echo.Context) error {
+			slow(c.Request().Context(), c.Request().URL.Path, c.QueryParam("ms"))
+			return c.String(http.StatusOK, body+"\n")
+		})
 	}
 	srv := &http.Server{Handler: e, ReadHeaderTimeout: readHeaderTimeout}
 	return serveHTTP(ctx, srv, ln)
@@ -102,7 +136,10 @@ func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter) e
 	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: lim}))
 	for _, rt := range exampleRoutes {
 		body := rt.body
-		app.Add(rt.method, rt.path, func(c *fiber.Ctx) error { return c.SendString(body + "\n") })
+		app.Add(rt.method, rt.path, func(c *fiber.Ctx) error {
+			slow(c.UserContext(), c.Path(), c.Query("ms"))
+			return c.SendString(body + "\n")
+		})
 	}
 	go func() {
 		<-ctx.Done()

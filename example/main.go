@@ -117,13 +117,18 @@ func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 }
 
 // builtinRules limits every client to 30 requests a minute, /search to 5 a
-// minute per client, and /api/* to 10 a minute per API key.
+// minute per client, /api/* to 10 a minute per API key, /api/slow to 2
+// requests in flight per client, and smooths /api/smooth to 2 a second
+// per client with a queue of 10 (waits of at most 5 s).
 func builtinRules() []middleware.Rule {
 	return []middleware.Rule{
 		{Name: "site", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(30)}},
 		{Name: "search", Path: "/search", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5)}},
 		{Name: "api", Path: "/api/*", Key: keyfunc.APIKey("X-API-Key", []byte("example-secret")),
 			Limits: []middleware.Limit{middleware.PerMinute(10)}},
+		{Name: "slow", Path: "/api/slow", Methods: []string{http.MethodGet}, Key: keyfunc.RemoteIP(), Concurrency: 2},
+		{Name: "smooth", Path: "/api/smooth", Key: keyfunc.RemoteIP(),
+			Limits: []middleware.Limit{middleware.PerSecond(2).LeakyBucket(10, 5*time.Second)}},
 	}
 }
 
@@ -212,6 +217,8 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/login; done   # sliding log, 5 per 5 min: the 6th is 429
   for i in $(seq 9); do curl -s -o /dev/null -w '%%{http_code}\n' http://%[1]s/api/quote; done   # token bucket, 4/s with bursts of 8: the 9th is 429
   for i in $(seq 4); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/export; done  # 3 a calendar day in Paris: the 4th is 429
+  for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
+  for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
 `, host)
 		return
 	}
@@ -219,5 +226,7 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' http://%[1]s/search; done   # 5/min: the 6th is 429
   curl -i -H 'X-API-Key: demo' http://%[1]s/api/data     # 10/min per API key
   curl -i http://%[1]s/api/data                          # no API key: 400
+  for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' -H 'X-API-Key: demo' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
+  for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' -H 'X-API-Key: demo2' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
 `, host)
 }
