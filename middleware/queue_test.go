@@ -1,0 +1,151 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// queueLimiter limits every request to rate a second through a leaky
+// bucket with a queue of queue and waits of at most maxDelay.
+func queueLimiter(t *testing.T, store middleware.Store, rate, queue int, maxDelay time.Duration, opts ...middleware.Option) *middleware.Limiter {
+	t.Helper()
+	if store != nil {
+		opts = append(opts, middleware.WithStore(store))
+	}
+	lim, err := middleware.NewRules([]middleware.Rule{{Name: "smooth", Key: keyfunc.Global(),
+		Limits: []middleware.Limit{middleware.PerSecond(rate).LeakyBucket(queue, maxDelay)}}}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	return lim
+}
+
+// burstThroughQueue sends n requests at once and returns, for each one
+// admitted, when Decide returned (relative to the start, sorted), and how
+// many were denied.
+func burstThroughQueue(t *testing.T, lim *middleware.Limiter, n int) (released []time.Duration, denied int) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)))
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Error(err)
+			case res.Allowed:
+				released = append(released, took)
+				if res.Delay > 0 && took < res.Delay {
+					t.Errorf("returned after %v, before its Delay %v", took, res.Delay)
+				}
+			default:
+				denied++
+				if res.RetryAfter <= 0 {
+					t.Errorf("denied with RetryAfter %v", res.RetryAfter)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(released)
+	return released, denied
+}
+
+// checkSchedule checks that released follows a schedule of one request
+// every interval from the first, each within slack of its turn.
+func checkSchedule(t *testing.T, released []time.Duration, interval, slack time.Duration) {
+	t.Helper()
+	for i := 1; i < len(released); i++ {
+		turn := released[0] + time.Duration(i)*interval
+		if d := released[i] - turn; d < -slack || d > slack {
+			t.Errorf("request %d released at %v, its turn is %v (±%v); all: %v", i, released[i], turn, slack, released)
+		}
+	}
+}
+
+// TestQueueReleasesAtTheRate: 10 requests at once on 20 a second with a
+// queue of 6: one at once, six waiting and released 50 ms apart, three
+// denied because the queue is full.
+func TestQueueReleasesAtTheRate(t *testing.T) {
+	t.Parallel()
+	lim := queueLimiter(t, nil, 20, 6, 0)
+	released, denied := burstThroughQueue(t, lim, 10)
+	if len(released) != 7 || denied != 3 {
+		t.Fatalf("%d released, %d denied; want 7 and 3 (one served, a queue of 6)", len(released), denied)
+	}
+	checkSchedule(t, released, 50*time.Millisecond, 25*time.Millisecond)
+}
+
+// TestQueueMaxDelay: waits beyond MaxDelay are refused even if the queue
+// has room.
+func TestQueueMaxDelay(t *testing.T) {
+	t.Parallel()
+	lim := queueLimiter(t, nil, 20, 100, 120*time.Millisecond)
+	released, denied := burstThroughQueue(t, lim, 10)
+	// Turns at 0, 50 and 100 ms; 150 ms is beyond 120 ms.
+	if len(released) != 3 || denied != 7 {
+		t.Fatalf("%d released, %d denied; want 3 and 7", len(released), denied)
+	}
+}
+
+// TestQueueCancelGivesBack: a waiting request whose client goes away
+// returns ErrGaveUp at once and gives its place back: the next request
+// takes it instead of queueing behind it.
+func TestQueueCancelGivesBack(t *testing.T) {
+	t.Parallel()
+	// 2 a second: turns 500 ms apart.
+	lim := queueLimiter(t, nil, 2, 3, 0)
+	first, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)))
+	if err != nil || !first.Allowed || first.Delay != 0 {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil).WithContext(ctx)))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	if err := <-done; !errors.Is(err, middleware.ErrGaveUp) || time.Since(start) > 300*time.Millisecond {
+		t.Fatalf("canceled waiter: %v after %v; want ErrGaveUp at once", err, time.Since(start))
+	}
+	// Its place (the turn at 500 ms) is free again: the next request gets
+	// it, not the turn at 1 s.
+	res, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)))
+	if err != nil || !res.Allowed {
+		t.Fatalf("after the give-back: %+v %v", res, err)
+	}
+	if res.Delay > 500*time.Millisecond {
+		t.Errorf("next request waited %v; want the place given back (at most 500 ms)", res.Delay)
+	}
+}
+
+// TestQueueMaxWaiting: beyond WithMaxWaiting requests waiting in the whole
+// limiter, a request is denied at once and its place given back.
+func TestQueueMaxWaiting(t *testing.T) {
+	t.Parallel()
+	lim := queueLimiter(t, nil, 10, 50, 0, middleware.WithMaxWaiting(3))
+	released, denied := burstThroughQueue(t, lim, 8)
+	// One served at once, three waiting; the other four refused.
+	if len(released) != 4 || denied != 4 {
+		t.Fatalf("%d released, %d denied; want 4 and 4", len(released), denied)
+	}
+	checkSchedule(t, released, 100*time.Millisecond, 50*time.Millisecond)
+}
