@@ -112,8 +112,28 @@ func (c *config) newBreaker() *breaker {
 		threshold: int64(c.breakerFailures),
 		cooldown:  int64(c.breakerCooldown),
 		now:       now,
-		onChange:  c.onBreaker,
+		onChange:  c.breakerHook(),
 	}
 }
 
 var errBreakerOpen = fmt.Errorf("%w: %w", ErrStore, ErrBreakerOpen)
+
+// breakerHook returns what the breaker calls when it opens or closes: the
+// WithOnBreakerChange function and every Observer.
+func (c *config) breakerHook() func(bool) {
+	if len(c.observers) == 0 {
+		return c.onBreaker
+	}
+	fn, obs := c.onBreaker, c.observers
+	return func(open bool) {
+		if fn != nil {
+			fn(open)
+		}
+		for _, o := range obs {
+			o.BreakerChanged(open)
+		}
+	}
+}
+
+// isOpen reports whether the breaker is open (or half-open, probing).
+func (b *breaker) isOpen() bool { return b.openUntil.Load() != 0 }

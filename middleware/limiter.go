@@ -243,6 +243,7 @@ type Result struct {
 	policies string
 	status   int   // the status of a concurrency denial, 0 for 429
 	hold     *hold // concurrency slots to give back (Done)
+	key      string // the binding limit's key, for hashed logs
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -397,6 +398,9 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 				out[j] = Decision{Allowed: true}
 			}
 			out[i] = d
+			for _, o := range l.cfg.observers {
+				o.DenyCacheHit(charges[i].Name)
+			}
 			return false, nil
 		}
 	}
@@ -404,7 +408,17 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 	if b != nil && !b.allow() {
 		return false, errBreakerOpen
 	}
+	var began time.Time
+	if len(l.cfg.observers) > 0 {
+		began = time.Now()
+	}
 	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	if len(l.cfg.observers) > 0 {
+		d := time.Since(began)
+		for _, o := range l.cfg.observers {
+			o.StoreCalled(d, err)
+		}
+	}
 	if err == nil && !ok && dc != nil {
 		dc.Record(local, charges, out)
 	}
@@ -643,7 +657,7 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 			continue
 		}
 		best = i
-		res.Policy, res.Limit, res.Remaining, res.Rule = metas[i].name, metas[i].nominal, rem, charges[i].Name
+		res.Policy, res.Limit, res.Remaining, res.Rule, res.key = metas[i].name, metas[i].nominal, rem, charges[i].Name, charges[i].Key
 		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
 	if allowed {

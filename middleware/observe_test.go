@@ -1,9 +1,15 @@
 package middleware_test
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -99,4 +105,102 @@ func TestEveryDecisionObserved(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recorder is an Observer that counts what it is told.
+type recorder struct {
+	middleware.NopObserver
+	mu                           sync.Mutex
+	decided, calls, errs, cached int
+	breaker                      []bool
+}
+
+func (r *recorder) Decided(keyfunc.Request, *middleware.Result) {
+	r.mu.Lock()
+	r.decided++
+	r.mu.Unlock()
+}
+func (r *recorder) StoreCalled(_ time.Duration, err error) {
+	r.mu.Lock()
+	r.calls++
+	if err != nil {
+		r.errs++
+	}
+	r.mu.Unlock()
+}
+func (r *recorder) DenyCacheHit(string) { r.mu.Lock(); r.cached++; r.mu.Unlock() }
+func (r *recorder) BreakerChanged(open bool) {
+	r.mu.Lock()
+	r.breaker = append(r.breaker, open)
+	r.mu.Unlock()
+}
+
+// TestObserverAndLogger: observers hear every decision, store call, deny
+// cache hit and breaker change; the logger logs store failures (rate
+// limited), the breaker, and never a key in clear.
+func TestObserverAndLogger(t *testing.T) {
+	t.Parallel()
+	var rec recorder
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil))
+	store := &failingStore{}
+	lim := newLimiter(t, middleware.PerMinute(1), keyfunc.RemoteIP(), middleware.WithStore(store),
+		middleware.WithBreaker(2, time.Hour), middleware.WithObserver(&rec), middleware.WithLogger(logger))
+	h := lim.Handler(ok)
+	for range 5 {
+		do(h, get("192.0.2.99:1"))
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.decided != 5 || rec.calls != 2 || rec.errs != 2 || !slices.Equal(rec.breaker, []bool{true}) {
+		t.Errorf("observer: %d decided, %d calls (%d failed), breaker %v; want 5, 2 (2), [true]", rec.decided, rec.calls, rec.errs, rec.breaker)
+	}
+	if st := lim.Stats(); !st.BreakerOpen {
+		t.Errorf("Stats: %+v, want the breaker open", st)
+	}
+	out := buf.String()
+	for _, want := range []string{"sluice: store call failed", "sluice: circuit breaker open", "sluice: store failed, request let through unlimited"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "store call failed") != 1 {
+		t.Errorf("store failures not rate limited:\n%s", out)
+	}
+	if strings.Contains(out, "192.0.2.99") {
+		t.Errorf("the log shows a client key:\n%s", out)
+	}
+
+	// A memory store: denials sampled with the key hashed, deny cache off.
+	var buf2 bytes.Buffer
+	lim2, err := middleware.NewRules([]middleware.Rule{{Name: "r", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1)}}},
+		middleware.WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: &buf2}, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim2.Close()
+	for range 1000 {
+		do(lim2.Handler(ok), get("192.0.2.98:1"))
+	}
+	if n := strings.Count(buf2.String(), "request denied (sampled)"); n < 1 || n > 40 {
+		t.Errorf("%d denials logged of 999, want about 10:\n%s", n, buf2.String())
+	}
+	if strings.Contains(buf2.String(), "192.0.2.98") || !strings.Contains(buf2.String(), "key_hash=") {
+		t.Errorf("denials must be logged with the key hashed:\n%.500s", buf2.String())
+	}
+	if st := lim2.Stats(); st.MemoryKeys != 1 {
+		t.Errorf("Stats: %+v, want 1 memory key", st)
+	}
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -92,6 +92,7 @@ type config struct {
 	fallbackSlots SlotStore     // FailLocal's, nil if none
 	slotsShared   bool          // slots has leases to renew
 	maxWaiting    int64         // requests waiting for a leaky bucket's turn
+	observers     []Observer
 }
 
 func defaultConfig() config {
@@ -148,6 +149,14 @@ func (c *config) finish() error {
 		c.breakerFailures = 0
 	}
 	c.breaker = c.newBreaker()
+	if hub, ok := healthHubs.Load(c.store); ok && len(c.observers) > 0 {
+		obs := c.observers
+		hub.(*healthHub).add(func(e HealthEvent) {
+			for _, o := range obs {
+				o.StoreHealth(e)
+			}
+		})
+	}
 	c.slots, c.slotsShared = slotsOf(c.store)
 	if c.fallback != nil {
 		c.fallbackSlots, _ = slotsOf(c.fallback)
@@ -207,6 +216,9 @@ func (c *config) report(r keyfunc.Request, err error) {
 func (c *config) observe(r keyfunc.Request, res Result) {
 	if c.hookDec != nil {
 		c.hookDec(r, res)
+	}
+	for _, o := range c.observers {
+		o.Decided(r, &res)
 	}
 }
 

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -94,14 +95,43 @@ type HealthEvent struct {
 // call it when the store is no longer used.
 func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
 	pc := redispipe.Config{StallThreshold: cfg.StallThreshold, MaxBatch: cfg.MaxBatch}
+	hub := &healthHub{}
 	if fn := cfg.OnHealthChange; fn != nil {
-		pc.OnStateChange = func(server string, up bool, cause error) {
-			fn(HealthEvent{Server: server, Up: up, Cause: cause})
-		}
+		hub.add(fn)
+	}
+	pc.OnStateChange = func(server string, up bool, cause error) {
+		hub.send(HealthEvent{Server: server, Up: up, Cause: cause})
 	}
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
 		return nil, err
 	}
+	healthHubs.Store(Store(s), hub)
 	return s, nil
+}
+
+// healthHubs maps each store NewRedisStore made to the listeners of its
+// servers' health, so that a Limiter built on it can pass the events on to
+// its Observers. Entries are small and there is one per store.
+var healthHubs sync.Map
+
+// healthHub fans a store's health events out to its listeners.
+type healthHub struct {
+	mu        sync.Mutex
+	listeners []func(HealthEvent)
+}
+
+func (h *healthHub) add(fn func(HealthEvent)) {
+	h.mu.Lock()
+	h.listeners = append(h.listeners, fn)
+	h.mu.Unlock()
+}
+
+func (h *healthHub) send(e HealthEvent) {
+	h.mu.Lock()
+	ls := h.listeners
+	h.mu.Unlock()
+	for _, fn := range ls {
+		fn(e)
+	}
 }

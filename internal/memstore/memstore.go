@@ -315,6 +315,20 @@ func (s *Store) Len() int {
 	return n
 }
 
+// Evictions returns how many counters were dropped to make room for new
+// ones since the store was made (counters that had expired included, when
+// the sample found one).
+func (s *Store) Evictions() uint64 {
+	var n uint64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.evicted
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // keyHash returns the two seeded hashes of a Key.
 func (s *Store) keyHash(key string) (uint64, uint64) {
 	return maphash.String(s.key1, key), maphash.String(s.key2, key)

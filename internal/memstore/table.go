@@ -145,7 +145,8 @@ type shard struct {
 	rng     uint64              // state of the sampling generator
 	clock   uint32              // access clock, ticks at every touch
 	idxBits uint32              // bits of a slot that hold the record number
-	_       [12]byte            // pads shard to 128 bytes, two cache lines
+	evicted uint64              // counters evicted to make room
+	_       [4]byte             // pads shard to 128 bytes, two cache lines
 }
 
 func (sh *shard) init(capacity int, seed uint64) {
@@ -432,6 +433,7 @@ func (sh *shard) insert(id ident, s *window.State, until, now int64, l *window.L
 	}
 	if sh.n >= sh.cap {
 		sh.evict(now)
+		sh.evicted++
 	}
 	if !fits(sh.n+1, len(sh.slots)) {
 		sh.resize(2 * len(sh.slots))
