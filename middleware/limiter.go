@@ -241,8 +241,8 @@ type Result struct {
 	Delay time.Duration
 
 	policies string
-	status   int   // the status of a concurrency denial, 0 for 429
-	hold     *hold // concurrency slots to give back (Done)
+	status   int    // the status of a concurrency denial, 0 for 429
+	hold     *hold  // concurrency slots to give back (Done)
 	key      string // the binding limit's key, for hashed logs
 }
 
