@@ -1,0 +1,155 @@
+package middleware
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// AdminConfig configures AdminHandler.
+type AdminConfig struct {
+	// Authorize decides whether a request may use the handler. It is
+	// required: without it every request is refused with 403, so that an
+	// admin handler mounted by mistake exposes nothing. Check a token, a
+	// client certificate or the peer address, as the deployment allows.
+	Authorize func(r *http.Request) bool
+	// Source, if set, reports where the rules in force come from and
+	// their version (for example a file and its SHA-256, as
+	// config.Reloader's Config reports them), shown by GET /rules.
+	Source func() (source, version string)
+}
+
+// AdminHandler returns an http.Handler for operating lim, which answers
+// JSON:
+//
+//	GET  /rules                  the rules in force, with their source and version
+//	GET  /limits?rule=R&key=K    where each limit of rule R stands for key K (Peek)
+//	POST /reset?key=K[&rule=R]   drop K's counters under R, or under every rule (Reset)
+//
+// Keys are written as the rules' key functions produce them
+// ("ip:192.0.2.1", "user:alice"). Every request is refused (403) unless
+// cfg.Authorize is set and approves it. Mount it with http.StripPrefix
+// under a path of its own, on a listener that is not public.
+func AdminHandler(lim *Limiter, cfg AdminConfig) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Authorize == nil || !cfg.Authorize(r) {
+			adminJSON(w, http.StatusForbidden, map[string]string{"error": "forbidden"})
+			return
+		}
+		q := r.URL.Query()
+		switch path := "/" + strings.TrimLeft(r.URL.Path, "/"); {
+		case path == "/rules" && r.Method == http.MethodGet:
+			out := adminRules{}
+			if cfg.Source != nil {
+				out.Source, out.Version = cfg.Source()
+			}
+			for _, rule := range lim.Rules() {
+				out.Rules = append(out.Rules, describeRule(rule))
+			}
+			adminJSON(w, http.StatusOK, out)
+		case path == "/limits" && r.Method == http.MethodGet:
+			rule, key := q.Get("rule"), q.Get("key")
+			if rule == "" || key == "" {
+				adminJSON(w, http.StatusBadRequest, map[string]string{"error": "rule and key are required"})
+				return
+			}
+			states, err := lim.Peek(r.Context(), rule, key)
+			if err != nil {
+				adminError(w, err)
+				return
+			}
+			out := make([]adminLimit, len(states))
+			for i, s := range states {
+				out[i] = adminLimit{Policy: s.Policy, Limit: describeLimit(s.Limit), Remaining: s.Remaining,
+					ResetAfterMs: s.ResetAfter.Milliseconds(), NextAfterMs: s.NextAfter.Milliseconds()}
+			}
+			adminJSON(w, http.StatusOK, map[string]any{"rule": rule, "key": key, "limits": out})
+		case path == "/reset" && r.Method == http.MethodPost:
+			key := q.Get("key")
+			if key == "" {
+				adminJSON(w, http.StatusBadRequest, map[string]string{"error": "key is required"})
+				return
+			}
+			if err := lim.Reset(r.Context(), q.Get("rule"), key); err != nil {
+				adminError(w, err)
+				return
+			}
+			adminJSON(w, http.StatusOK, map[string]string{"reset": key, "rule": q.Get("rule")})
+		case path == "/rules" || path == "/limits" || path == "/reset":
+			adminJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
+		default:
+			adminJSON(w, http.StatusNotFound, map[string]string{"error": "not found"})
+		}
+	})
+}
+
+type adminRules struct {
+	Source  string      `json:"source,omitempty"`
+	Version string      `json:"version,omitempty"`
+	Rules   []adminRule `json:"rules"`
+}
+
+type adminRule struct {
+	Name        string        `json:"name"`
+	Path        string        `json:"path,omitempty"`
+	Methods     []string      `json:"methods,omitempty"`
+	Limits      []adminLimDef `json:"limits,omitempty"`
+	Plans       bool          `json:"plans,omitempty"`
+	Concurrency int           `json:"concurrency,omitempty"`
+	Cost        int           `json:"cost,omitempty"`
+	Overage     float64       `json:"overage,omitempty"`
+	Shadow      bool          `json:"shadow,omitempty"`
+}
+
+type adminLimDef struct {
+	Requests   int    `json:"requests"`
+	Window     string `json:"window"`
+	Algorithm  string `json:"algorithm"`
+	Burst      int    `json:"burst,omitempty"`
+	TimeZone   string `json:"time_zone,omitempty"`
+	MaxDelayMs int64  `json:"max_delay_ms,omitempty"`
+}
+
+type adminLimit struct {
+	Policy       string      `json:"policy"`
+	Limit        adminLimDef `json:"limit"`
+	Remaining    int         `json:"remaining"`
+	ResetAfterMs int64       `json:"reset_after_ms"`
+	NextAfterMs  int64       `json:"next_after_ms"`
+}
+
+func describeRule(r Rule) adminRule {
+	out := adminRule{Name: r.Name, Path: r.Path, Methods: r.Methods, Plans: r.LimitsFunc != nil,
+		Concurrency: r.Concurrency, Cost: r.Cost, Overage: r.Overage, Shadow: r.Shadow}
+	for _, l := range r.Limits {
+		out.Limits = append(out.Limits, describeLimit(l))
+	}
+	return out
+}
+
+func describeLimit(l Limit) adminLimDef {
+	d := adminLimDef{Requests: l.Requests, Window: windowName(l), Algorithm: l.Algorithm.String(), Burst: l.Burst,
+		MaxDelayMs: l.MaxDelay.Milliseconds()}
+	if l.Location != nil {
+		d.TimeZone = l.Location.String()
+	}
+	return d
+}
+
+func adminError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrUnknownRule):
+		adminJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	default:
+		adminJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "store unavailable"})
+	}
+}
+
+func adminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", ContentTypeJSON)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
