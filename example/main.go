@@ -11,15 +11,23 @@
 // Redis server, host:port or redis:// URL, to share counters between
 // instances; -config a rules file, reloaded when it changes and on SIGHUP;
 // -framework the web framework that serves the routes, each through its
-// sluice adapter, with the same limits and answers.
+// sluice adapter, with the same limits and answers; -admin-addr (default
+// 127.0.0.1:9090, loopback only) the listener of the admin handler (rules
+// in force, peek and reset a client's counters), which requires the token
+// of $SLUICE_ADMIN_TOKEN (or a random one printed at start). Logs go to
+// stderr through log/slog.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -47,6 +55,7 @@ func run(args []string) error {
 	redisAddr := fs.String("redis", os.Getenv("REDIS_URL"), "Redis host:port or redis:// URL (default $REDIS_URL); empty counts in memory")
 	rulesFile := fs.String("config", "", "rules file (YAML or JSON); empty uses the built-in rules")
 	framework := fs.String("framework", "nethttp", "nethttp, gin, echo or fiber")
+	adminAddr := fs.String("admin-addr", "127.0.0.1:9090", "listen address of the admin handler (rules, peek, reset); empty turns it off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,9 +66,8 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	opts := []middleware.Option{middleware.WithOnError(func(_ keyfunc.Request, err error) {
-		log.Printf("rate limiter: %v", err)
-	})}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	opts := []middleware.Option{middleware.WithLogger(logger)}
 	store := "memory"
 	if *redisAddr != "" {
 		client, err := newRedis(*redisAddr)
@@ -76,14 +84,16 @@ func run(args []string) error {
 	}
 
 	var lim *middleware.Limiter
+	source := func() (string, string) { return "built-in rules", "" }
 	if *rulesFile != "" {
 		rl, err := config.Open(*rulesFile, demoEnv, opts...)
 		if err != nil {
 			return err
 		}
 		lim = rl.Limiter()
-		go rl.Watch(ctx, time.Second, logReload(rl))
-		go reloadOnHUP(ctx, rl)
+		go rl.Watch(ctx, time.Second, rl.LogReloads(logger))
+		go reloadOnHUP(ctx, rl, rl.LogReloads(logger))
+		source = func() (string, string) { return rl.Config().File, rl.Config().Version() }
 	} else {
 		var err error
 		if lim, err = middleware.NewRules(builtinRules(), opts...); err != nil {
@@ -95,6 +105,11 @@ func run(args []string) error {
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
+	}
+	if *adminAddr != "" {
+		if err := serveAdmin(ctx, *adminAddr, lim, source); err != nil {
+			return err
+		}
 	}
 	printUsage(ln.Addr().String(), *framework, store, *rulesFile)
 	return serve(ctx, ln, lim)
@@ -160,17 +175,33 @@ var demoEnv = config.Env{
 	},
 }
 
-func logReload(rl *config.Reloader) func(error) {
-	return func(err error) {
-		if err != nil {
-			log.Printf("rules not reloaded: %v", err)
-			return
-		}
-		log.Printf("rules reloaded from %s: %d rules", rl.Config().File, len(rl.Config().Rules))
+// serveAdmin serves middleware.AdminHandler on addr (loopback by default),
+// for requests that carry the token of $SLUICE_ADMIN_TOKEN, or of a random
+// one printed at start when it is unset.
+func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, source func() (string, string)) error {
+	token := os.Getenv("SLUICE_ADMIN_TOKEN")
+	if token == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		token = hex.EncodeToString(b[:])
 	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	h := middleware.AdminHandler(lim, middleware.AdminConfig{
+		Authorize: func(r *http.Request) bool {
+			return subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) == 1
+		},
+		Source: source,
+	})
+	fmt.Printf("admin handler on %s (Authorization: Bearer %s):\n  curl -H 'Authorization: Bearer %s' http://%s/rules\n  curl -H 'Authorization: Bearer %s' 'http://%s/limits?rule=site&key=ip:127.0.0.1'\n  curl -X POST -H 'Authorization: Bearer %s' 'http://%s/reset?key=ip:127.0.0.1'\n\n",
+		ln.Addr(), token, token, ln.Addr(), token, ln.Addr(), token, ln.Addr())
+	go func() { _ = serveHTTP(ctx, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln) }()
+	return nil
 }
 
-func reloadOnHUP(ctx context.Context, rl *config.Reloader) {
+func reloadOnHUP(ctx context.Context, rl *config.Reloader, logReload func(error)) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -179,7 +210,7 @@ func reloadOnHUP(ctx context.Context, rl *config.Reloader) {
 		case <-ctx.Done():
 			return
 		case <-hup:
-			logReload(rl)(rl.Reload())
+			logReload(rl.Reload())
 		}
 	}
 }

@@ -97,3 +97,42 @@ func TestExampleServers(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminListener: the admin handler refuses requests without the token
+// and answers those with it.
+func TestAdminListener(t *testing.T) {
+	t.Setenv("SLUICE_ADMIN_TOKEN", "t0ken")
+	lim, err := middleware.NewRules(builtinRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := serveAdmin(ctx, addr, lim, func() (string, string) { return "built-in rules", "" }); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		auth string
+		want int
+	}{{"", 403}, {"Bearer nope", 403}, {"Bearer t0ken", 200}} {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/rules", nil)
+		if tt.auth != "" {
+			req.Header.Set("Authorization", tt.auth)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tt.want {
+			t.Errorf("Authorization %q: %d, want %d", tt.auth, res.StatusCode, tt.want)
+		}
+	}
+}

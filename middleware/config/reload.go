@@ -3,7 +3,9 @@ package config
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -189,4 +191,25 @@ func (r *Reloader) apply(fi os.FileInfo, data []byte) error {
 // time and size to identify the file's contents.
 func trusted(fi os.FileInfo) bool {
 	return time.Since(fi.ModTime()) > racyWindow
+}
+
+// Version identifies the contents of the loaded file: the first 12 hex
+// digits of its SHA-256, as AdminHandler's Source reports it.
+func (c *Config) Version() string { return hex.EncodeToString(c.sum[:6]) }
+
+// LogReloads returns a function for Watch's onReload (and for the result
+// of Reload) that logs each reload through l: at Info with the file, its
+// version and the number of rules when it loaded, at Error with the
+// problem when it did not (the rules in force then stay).
+func (r *Reloader) LogReloads(l *slog.Logger) func(error) {
+	return func(err error) {
+		cfg := r.Config()
+		if err != nil {
+			l.Error("sluice: rules not reloaded; the rules in force stay",
+				slog.String("file", cfg.File), slog.String("version", cfg.Version()), slog.Any("error", err))
+			return
+		}
+		l.Info("sluice: rules reloaded", slog.String("file", cfg.File), slog.String("version", cfg.Version()),
+			slog.Int("rules", len(cfg.Rules)))
+	}
 }

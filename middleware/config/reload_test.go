@@ -1,13 +1,16 @@
 package config_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -418,5 +421,29 @@ rules:
 	rec := serve(rl.Limiter().Handler(okHandler), request("GET", "/other", "192.0.2.1:1"))
 	if got := rec.Header().Get(headers.Remaining); got != "43" {
 		t.Errorf("all after the reload: remaining %s, want 43 (its counter carried on)", got)
+	}
+}
+
+// TestLogReloads: a reload is logged with the file and its version, a
+// failed one at Error with the problem.
+func TestLogReloads(t *testing.T) {
+	t.Parallel()
+	rl, file := openFile(t, fileV1)
+	var buf bytes.Buffer
+	log := rl.LogReloads(slog.New(slog.NewTextHandler(&buf, nil)))
+	v1 := rl.Config().Version()
+	if len(v1) != 12 {
+		t.Fatalf("Version %q", v1)
+	}
+	writeFile(t, file, fileV2)
+	log(rl.Reload())
+	writeFile(t, file, fileBad)
+	log(rl.Reload())
+	out := buf.String()
+	if !strings.Contains(out, "level=INFO msg=\"sluice: rules reloaded\"") || !strings.Contains(out, "rules=2") || strings.Contains(out, "version="+v1+" rules") {
+		t.Errorf("reload log:\n%s", out)
+	}
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, `bad duration \"5x\"`) {
+		t.Errorf("failed reload log:\n%s", out)
 	}
 }
