@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -148,4 +149,77 @@ func TestQueueMaxWaiting(t *testing.T) {
 		t.Fatalf("%d released, %d denied; want 4 and 4", len(released), denied)
 	}
 	checkSchedule(t, released, 100*time.Millisecond, 50*time.Millisecond)
+}
+
+// TestQueueOnRedis: four app servers share one queue per key on a real
+// Redis: ten requests at once spread over them are released at the rate,
+// with the queue's bound, and a canceled waiter gives its place back.
+func TestQueueOnRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	prefix := srv.Prefix(t)
+	var lims []*middleware.Limiter
+	for range 4 {
+		s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix, StallThreshold: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeStore(t, s)
+		lims = append(lims, queueLimiter(t, s, 20, 6, 0))
+	}
+	var mu sync.Mutex
+	var released []time.Duration
+	denied := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := lims[i%4].Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)))
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Error(err)
+			case res.Allowed:
+				released = append(released, took)
+			default:
+				denied++
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(released)
+	if len(released) != 7 || denied != 3 {
+		t.Fatalf("%d released, %d denied; want 7 and 3", len(released), denied)
+	}
+	checkSchedule(t, released, 50*time.Millisecond, 30*time.Millisecond)
+
+	// Give-back, on counters of their own (a new prefix), at 2 a second.
+	s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, s)
+	lim := queueLimiter(t, s, 2, 3, 0)
+	if res, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil))); err != nil || res.Delay != 0 {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil).WithContext(ctx)))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	if err := <-done; !errors.Is(err, middleware.ErrGaveUp) {
+		t.Fatalf("canceled waiter: %v", err)
+	}
+	res, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil)))
+	if err != nil || !res.Allowed || res.Delay > 500*time.Millisecond {
+		t.Fatalf("after the give-back: %+v %v; want the place given back (a wait of at most 500 ms)", res, err)
+	}
 }
