@@ -217,6 +217,17 @@ func (c *config) observe(r keyfunc.Request, res Result) {
 	if c.hookDec != nil {
 		c.hookDec(r, res)
 	}
+	if len(c.observers) > 0 {
+		c.tellObservers(r, res)
+	}
+}
+
+// tellObservers passes res to the observers. It is a function of its own
+// so that res is moved to the heap (its address escapes through the
+// interface) only when there are observers.
+//
+//go:noinline
+func (c *config) tellObservers(r keyfunc.Request, res Result) {
 	for _, o := range c.observers {
 		o.Decided(r, &res)
 	}

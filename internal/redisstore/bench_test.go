@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/window"
 )
@@ -28,9 +30,10 @@ func BenchmarkTake(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c := srv.Client(b, &redis.Options{PoolSize: 128})
 	prefix := srv.Prefix(b)
-	// No store timeout: a benchmark on a busy machine measures throughput,
-	// and a stall shows in p99 rather than as a failure.
-	s, err := New(c, Config{Prefix: prefix, Timeout: -1})
+	// No store timeout, and a stall threshold that a busy machine does not
+	// reach: a benchmark on a busy machine measures throughput, and a
+	// stall shows in p99 rather than as a failure.
+	s, err := New(c, Config{Prefix: prefix, Timeout: -1, Pipeline: redispipe.Config{StallThreshold: 5 * time.Second}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -62,6 +65,7 @@ func BenchmarkTake(b *testing.B) {
 	for _, conc := range []int{1, 16, 64} {
 		name := "c=" + strconv.Itoa(conc)
 		b.Run("store/hot/"+name, func(b *testing.B) {
+			defer scriptCPU(b, c)()
 			measure(b, conc, func(i int, ch []window.Charge, out []window.Decision) error {
 				ch[0] = window.Charge{Key: "ip:203.0.113.7", Name: "per-ip", Limit: big, Cost: 1}
 				_, err := s.Take(ctx, time.Time{}, ch, out)
@@ -70,6 +74,7 @@ func BenchmarkTake(b *testing.B) {
 		})
 		b.Run("store/keys-100k/"+name, func(b *testing.B) {
 			populated(b)
+			defer scriptCPU(b, c)()
 			measure(b, conc, func(i int, ch []window.Charge, out []window.Decision) error {
 				ch[0] = window.Charge{Key: keys[i%benchKeys], Name: "per-ip", Limit: big, Cost: 1}
 				_, err := s.Take(ctx, time.Time{}, ch, out)
@@ -88,6 +93,47 @@ func BenchmarkTake(b *testing.B) {
 			})
 		})
 	}
+}
+
+// scriptCPU reads the server's CPU time in scripts (INFO commandstats,
+// EVALSHA and EVAL) now, and returns a function that reports, as the
+// metric server-µs/op, the time per script run since: what a decision
+// costs Redis's single thread, without the noise of the network and the
+// client.
+func scriptCPU(b *testing.B, c *redis.Client) func() {
+	calls0, usec0 := scriptStats(b, c)
+	return func() {
+		calls, usec := scriptStats(b, c)
+		if calls > calls0 {
+			b.ReportMetric(float64(usec-usec0)/float64(calls-calls0), "server-µs/op")
+		}
+	}
+}
+
+// scriptStats returns the calls of EVALSHA and EVAL and the µs they took.
+func scriptStats(b *testing.B, c *redis.Client) (calls, usec int64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, ":")
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				calls += n
+			case "usec":
+				usec += n
+			}
+		}
+	}
+	return calls, usec
 }
 
 // incr is the baseline: the cheapest fixed-window counter, one pipelined
@@ -189,6 +235,165 @@ func BenchmarkTakeTimeout(b *testing.B) {
 				if _, err := s.Take(ctx, time.Time{}, ch, out); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkAlgorithms measures decisions per second, latency and the
+// server's time per decision (server-µs/op, the script's time in Redis's
+// single thread) of each algorithm, from 16 goroutines over 10,000 keys,
+// with limits that no benchmark reaches so that every decision writes, on
+// Redis's clock; and sliding logs held at 10, 100 and 1000 entries:
+//
+//	go test -run '^$' -bench BenchmarkAlgorithms -benchtime 2s ./internal/redisstore/
+func BenchmarkAlgorithms(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := srv.Client(b, &redis.Options{PoolSize: 128})
+	// No timeout, and a stall threshold that a busy machine does not
+	// reach: a stall shows in p99 rather than as a failure.
+	s, err := New(c, Config{Prefix: srv.Prefix(b), Timeout: -1, Pipeline: redispipe.Config{StallThreshold: 5 * time.Second}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	const keys = 10_000
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "ip:10.0." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&255)
+	}
+	nyc, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		b.Fatal(err)
+	}
+	big, m := 1<<30, time.Minute
+	for _, tc := range []struct {
+		name  string
+		limit window.Limit
+	}{
+		{"sliding_window", window.Limit{Requests: big, Window: m}},
+		{"fixed_window", window.Limit{Requests: big, Window: m, Algorithm: window.FixedWindow}},
+		{"fixed_window/calendar_day", window.Limit{Requests: big, Algorithm: window.FixedWindow, Period: window.CalendarDay, Location: nyc}},
+		// Buckets that refill (drain) slowly, so that a counter is never
+		// full (empty) again between its decisions, as a sliding window's
+		// never expires; and that hold more than any benchmark charges.
+		{"token_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.TokenBucket, Burst: big}},
+		{"leaky_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.LeakyBucket, Burst: big}},
+		// At 16 goroutines, each key gets a few requests a second: the
+		// log holds a handful of entries.
+		{"sliding_log", window.Limit{Requests: 1000, Window: time.Second, Algorithm: window.SlidingLog}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			defer scriptCPU(b, c)()
+			measure(b, 16, func(i int, ch []window.Charge, out []window.Decision) error {
+				ch[0] = window.Charge{Key: names[i%keys], Name: tc.name, Limit: tc.limit, Cost: 1}
+				_, err := s.Take(ctx, time.Time{}, ch, out)
+				return err
+			})
+		})
+	}
+	// Logs held full at n entries, one per ms: each decision at the next
+	// ms admits one entry as the oldest leaves.
+	for _, n := range []int{10, 100, 1000} {
+		b.Run("sliding_log/full-"+strconv.Itoa(n), func(b *testing.B) {
+			l := window.Limit{Requests: n, Window: time.Duration(n) * time.Millisecond, Algorithm: window.SlidingLog}
+			const logKeys = 100
+			var clock [logKeys]atomic.Int64
+			base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			runConcurrent(b, 16, logKeys*n, func(i int, ch []window.Charge, out []window.Decision) error {
+				k := i % logKeys
+				ch[0] = window.Charge{Key: names[k], Name: l.String(), Limit: l, Cost: 1}
+				_, err := s.Take(ctx, base.Add(time.Duration(clock[k].Add(1))*time.Millisecond), ch, out)
+				return err
+			})
+			defer scriptCPU(b, c)()
+			measure(b, 16, func(i int, ch []window.Charge, out []window.Decision) error {
+				k := i % logKeys
+				ch[0] = window.Charge{Key: names[k], Name: l.String(), Limit: l, Cost: 1}
+				_, err := s.Take(ctx, base.Add(time.Duration(clock[k].Add(1))*time.Millisecond), ch, out)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkScript measures what a decision of each algorithm costs the
+// server alone: the script's time in Redis's single thread per decision
+// (server-µs/op), with the scripts sent 100 to a pipeline from one
+// connection over 10,000 keys (100,000 / n for logs held full at n
+// entries), so that the client and the network weigh as little as
+// possible on the server. Limits are never reached, so every decision
+// writes; the logs are held full at 1, 10, 100 and 1000 entries:
+//
+//	go test -run '^$' -bench BenchmarkScript -count 5 ./internal/redisstore/
+func BenchmarkScript(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := srv.Client(b, nil)
+	s := &Store{prefix: srv.Prefix(b)}
+	ctx := context.Background()
+	if err := script.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	nyc, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const keys = 10_000
+	big, m := 1<<30, time.Minute
+	type tc struct {
+		name  string
+		limit window.Limit
+		full  int // entries a log is held at, 0 for Redis's clock
+	}
+	cases := []tc{
+		{"sliding_window", window.Limit{Requests: big, Window: m}, 0},
+		{"fixed_window", window.Limit{Requests: big, Window: m, Algorithm: window.FixedWindow}, 0},
+		{"fixed_window/calendar_day", window.Limit{Requests: big, Algorithm: window.FixedWindow, Period: window.CalendarDay, Location: nyc}, 0},
+		// Buckets that refill (drain) slowly, as in BenchmarkAlgorithms.
+		{"token_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.TokenBucket, Burst: big}, 0},
+		{"leaky_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.LeakyBucket, Burst: big}, 0},
+	}
+	for _, n := range []int{1, 10, 100, 1000} {
+		cases = append(cases, tc{"sliding_log/full-" + strconv.Itoa(n), window.Limit{Requests: n, Window: time.Duration(n) * time.Millisecond, Algorithm: window.SlidingLog}, n})
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			keys := keys
+			if tc.full > 1 {
+				keys = 100_000 / tc.full // a million entries to fill at most
+			}
+			ks, fs := make([]string, keys), make([]string, keys)
+			for i := range ks {
+				ch := window.Charge{Key: "ip:" + strconv.Itoa(i), Name: tc.name, Limit: tc.limit}
+				ks[i], fs[i] = string(s.appendKey(nil, ch.Key)), string(appendField(nil, &ch))
+			}
+			base := window.Millis(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			clock := make([]int64, keys)
+			send := func(from, n int) {
+				p := c.Pipeline()
+				for i := from; i < from+n; i++ {
+					k := i % keys
+					now := ""
+					if tc.full > 0 {
+						clock[k]++
+						now = strconv.FormatInt(base+clock[k], 10)
+					}
+					ch := window.Charge{Limit: tc.limit, Cost: 1}
+					script.EvalSha(ctx, p, []string{ks[k]}, appendArgs([]any{now, modeCharge}, fs[k], &ch, -1)...)
+				}
+				if _, err := p.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// Logs start full; every other counter exists.
+			for i := 0; i < keys*max(tc.full, 1); i += 100 {
+				send(i, 100)
+			}
+			b.ResetTimer()
+			defer scriptCPU(b, c)()
+			for i := 0; i < b.N; i += 100 {
+				send(i, min(100, b.N-i))
 			}
 		})
 	}

@@ -1,23 +1,45 @@
-// Package redisstore keeps sliding-window counters in Redis.
+// Package redisstore keeps the counters of every algorithm of package
+// window in Redis: sliding windows, fixed windows (aligned to the Unix
+// epoch or calendar periods), token buckets, leaky buckets and sliding
+// logs.
 //
 // # Decisions
 //
-// A Store decides with the Lua script sliding_window.lua, which implements
-// window.Take exactly (same integer arithmetic in the same ticks, same
-// windows anchored per counter, same clock-backwards rule): it rolls every
+// A Store decides with the Lua script decide.lua, which implements
+// window.Take exactly for every algorithm (same integer arithmetic in the
+// same ticks, same windows, same clock-backwards rules): it rolls every
 // counter of a request, checks that every charge fits, and only then adds
-// the costs and extends the expiry to window.Expiry. Only the counters of admitted charges with a
+// the costs and extends the bucket's expiry to window.ExpiryOf. One run
+// decides all the charges of a request together, whatever their
+// algorithms, all or nothing. Only the counters of admitted charges with a
 // cost are written: a denied request, or a read (cost 0), writes nothing.
 // Two charges of one request may name the same counter; each is decided
 // against the counter as it was, and both costs are counted. The script
 // runs with EVALSHA, falling back to EVAL when the server has not cached
-// it, so a decision costs one round trip.
+// it, so a decision costs one round trip. The script returns what it read
+// (the counters rolled to the request's instant; for a sliding log, a
+// summary of the log, window.LogSummary) and Go describes the decisions
+// with window.Describe and window.DescribeLog.
 //
 // When Take is given the zero time, the script reads the server's clock with
 // TIME, so application servers whose clocks disagree still share one clock
 // per counter. A non-zero time is passed to the script instead, which lets
 // tests drive a real server with a fake clock. Expiry is always in the
 // server's real time.
+//
+// # Calendar periods
+//
+// Redis has no time-zone database, so the boundaries of a FixedWindow
+// limit with a Period (a day, week or month in its Location, of varying
+// length across daylight-saving changes) are worked out in Go: Take passes
+// four consecutive boundaries around the explicit now, or around the
+// application server's clock when Redis keeps time
+// (window.Limit.Boundaries), and the script decides in the period among
+// the three they delimit that contains its own instant. If Redis's clock
+// is more than a whole period away from the application server's, the
+// instant lies outside them and Take fails with an error, before anything
+// is counted. Fixed windows aligned to the Unix epoch are worked out in
+// the script.
 //
 // # Keys
 //
@@ -29,12 +51,31 @@
 // where tag is the first 3 characters (18 bits) of the unpadded base64url
 // encoding of SHA-256(Charge.Key): 262,144 buckets, each holding the
 // counters of the Keys that hash to it. A counter is one field of its
-// bucket, named by the first 12 bytes (96 bits) of
-// SHA-256(Key, Name, window), whose value is four little-endian doubles
-// (the start of its current window in Unix ms, the counts of the previous
-// and current windows, the window in ms: 32 bytes). With a few counters per
-// bucket, Redis keeps each bucket as one small listpack, which costs far
-// less per counter than a key of its own (see BENCHMARKS.md).
+// bucket, named by the first 12 bytes (96 bits) of SHA-256(Key, Name,
+// Limit.Series()). The series is the window in ms for a sliding window,
+// and mixes the algorithm (and the period and time zone) in for the
+// others, so a rule whose algorithm changes starts afresh, and a
+// sliding-window counter keeps the field it had before there were other
+// algorithms. Its value is, by algorithm (see decide.lua):
+//
+//   - sliding window: 32 bytes, four little-endian doubles: the start of
+//     its current window in Unix ms, the counts of the previous and
+//     current windows, the window in ms;
+//   - fixed window: 21 bytes, "F", then the end and start of the window
+//     as 6-byte integers and the count as a double;
+//   - token bucket and leaky bucket: 27 bytes, "T", then the instant the
+//     bucket is full (empty) again, the instant of the level and the tick
+//     it is counted in, as 6-byte integers, and the level as a double;
+//   - sliding log: "L", then the instant its newest entry leaves (6 bytes)
+//     and the sum of its entries (4 bytes), then 10 bytes per entry, oldest
+//     first: its instant (6 bytes) and its count (4), one entry per
+//     millisecond: 11 + 10n bytes.
+//
+// With a few counters per bucket, Redis keeps each bucket as one small
+// listpack, which costs far less per counter than a key of its own (see
+// BENCHMARKS.md). A value longer than 64 bytes (a sliding log of 6 entries
+// or more) turns its bucket into a hash table (hash-max-listpack-value),
+// for as long as the bucket lives.
 //
 // Hostile keys therefore give fixed-size keys and fields that cannot inject
 // a hash tag, every counter of one Key lies in one bucket and so in one
@@ -42,12 +83,21 @@
 // hashes collide within a bucket (for a billion counters, odds below
 // 10^-16). Every key the script touches is passed in KEYS.
 //
-// A bucket expires no sooner than two windows after the start of the
-// current window of any counter in it (PEXPIRE, only ever extended, and
-// only when a counter starts a window); a field that is past its own expiry is
-// treated as absent, and up to two such fields are dropped whenever a new
-// field is added to the bucket, so a bucket that active clients keep alive
-// does not accumulate the counters of clients that went away.
+// Every value tells when it stops mattering (window.ExpiryOf): two windows
+// after the start of a sliding window's current window; for the others
+// the instant stored first, the end of a fixed window, the instant a token
+// bucket is full again (a leaky bucket empty) at the refill of the limit
+// it was last charged with, the instant a log's newest entry leaves. A
+// bucket expires no sooner than any counter in it (PEXPIRE, only ever
+// extended; for token and leaky buckets and logs, whose expiry moves on
+// with every charge, to a whole number of windows, so that a busy counter
+// does not extend it at every decision, and an idle bucket lives at most a
+// window longer). A field that is past its own expiry is treated as absent
+// (as the memory store does: a token bucket whose refill was lowered since
+// it was charged is forgotten sooner than its level alone would say), and
+// up to two such fields are dropped whenever a new field is added to the
+// bucket, so a bucket that active clients keep alive does not accumulate
+// the counters of clients that went away.
 //
 // # Redis Cluster and Ring
 //
@@ -65,9 +115,15 @@
 //     given back with a second script, refund.lua, and the Keys not reached
 //     yet are decided by a dry run that writes nothing; the decisions are
 //     then those a single script would have given. A counter that nothing
-//     else touched in between is put back exactly as it was; otherwise the
-//     cost is taken off its current count (or off its previous count if it
-//     has rolled one window since), never below zero.
+//     else touched in between is put back exactly as it was, or deleted if
+//     the request created it (a sliding log loses the request's entry, but
+//     the entries that the decision dropped for having left the window do
+//     not come back). Otherwise the cost is taken off what holds it, never
+//     below zero: a sliding window's current count (or its previous count
+//     if it has rolled one window since), a fixed window's count if it is
+//     still in the charged window, a token or leaky bucket's level (the
+//     leaky bucket's queue, as window.GiveBack does), the entry of the
+//     request's instant in a sliding log.
 //   - Between a charge and its refund, a concurrent request may see the
 //     charge and be denied although it would have fitted: the error is on
 //     the conservative side. If the refund fails, the charge stays counted
@@ -105,12 +161,12 @@ import (
 )
 
 var (
-	//go:embed sliding_window.lua
-	slidingWindowSrc string
+	//go:embed decide.lua
+	decideSrc string
 	//go:embed refund.lua
 	refundSrc string
 
-	script       = redis.NewScript(slidingWindowSrc)
+	script       = redis.NewScript(decideSrc)
 	refundScript = redis.NewScript(refundSrc)
 )
 
@@ -131,9 +187,21 @@ const (
 	// fieldsPerCharge is the number of integers the script returns per
 	// charge.
 	fieldsPerCharge = 7
-	// argsPerCharge is the number of arguments the script takes per
-	// charge.
-	argsPerCharge = 5
+	// maxNow is the latest instant, in Unix ms, that Take accepts (in
+	// the year 6419): the scripts store instants as 6-byte integers
+	// (below 2^47 ms, in the year 6429), and a counter's expiry may lie a
+	// whole window after its instant.
+	maxNow = 1<<47 - 1 - int64(window.MaxWindow/time.Millisecond)
+)
+
+// The scripts' algorithm codes (see decide.lua), boxed once.
+var (
+	codeSliding  any = "0"
+	codeFixed    any = "1"
+	codeLog      any = "2"
+	codeToken    any = "3"
+	codeCalendar any = "4"
+	codeLeaky    any = "5"
 )
 
 // The script's mode argument, boxed once: converting a string variable to
@@ -161,7 +229,7 @@ type Config struct {
 	Pipeline redispipe.Config
 }
 
-// Store is a sliding-window counter store backed by Redis. It is safe for
+// Store is a counter store backed by Redis, for every algorithm. It is safe for
 // concurrent use.
 type Store struct {
 	client  redis.Scripter
@@ -193,13 +261,19 @@ type scratch struct {
 	order  []int
 }
 
-// counter is what the script read of one charge's counter: its state rolled
-// to the request's instant before the charge, and the fields as stored.
+// counter is what the script read of one charge's counter, before the
+// charge: for a sliding log, the summary of the log rolled to the
+// request's instant; for the other algorithms, the state rolled to it and
+// the state as stored (Start -1 if there was none).
 type counter struct {
 	rolled window.State
 	stored window.State
-	// existed is false if the key did not exist.
-	existed bool
+	// storedExp is a token or leaky bucket's stored expiry, -1 if none.
+	storedExp int64
+	sum       window.LogSummary
+	// at is the instant the charge was decided at: the request's, or
+	// the counter's own if the clock went backwards.
+	at int64
 }
 
 // New returns a Store that keeps its counters in Redis through client.
@@ -349,13 +423,16 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 	if len(charges) == 0 {
 		return true, 0, nil
 	}
-	nowArg := ""
+	nowArg, nowMs := "", int64(-1)
 	if !now.IsZero() {
-		ms := now.UnixMilli()
-		if ms < 0 {
+		nowMs = now.UnixMilli()
+		if nowMs < 0 {
 			return false, 0, fmt.Errorf("redisstore: now %s is before the Unix epoch", now)
 		}
-		nowArg = strconv.FormatInt(ms, 10)
+		if nowMs > maxNow {
+			return false, 0, fmt.Errorf("redisstore: now %s is after %s, the latest instant the store can count at", now, time.UnixMilli(maxNow).UTC())
+		}
+		nowArg = strconv.FormatInt(nowMs, 10)
 	}
 
 	sc := s.scratch.Get().(*scratch)
@@ -389,14 +466,14 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 		for i := range charges {
 			sc.order = append(sc.order, i)
 		}
-		return s.run(ctx, sc, nowArg, modeCharge, charges, sc.order, out)
+		return s.run(ctx, sc, nowArg, nowMs, modeCharge, charges, sc.order, out)
 	}
-	return s.takeSplit(ctx, parent, sc, nowArg, charges, out)
+	return s.takeSplit(ctx, parent, sc, nowArg, nowMs, charges, out)
 }
 
 // takeSplit decides a request whose charges have several Keys on a client
 // that shards by key: one script run per Key, with refunds on a deny.
-func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg string, charges []window.Charge, out []window.Decision) (bool, int64, error) {
+func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg string, nowMs int64, charges []window.Charge, out []window.Decision) (bool, int64, error) {
 	// order lists the charges grouped by Key, in order of first appearance;
 	// bounds[g] is where group g starts in order.
 	sc.order = sc.order[:0]
@@ -422,9 +499,8 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 	bounds = append(bounds, len(sc.order))
 	group := func(g int) []int { return sc.order[bounds[g]:bounds[g+1]] }
 
-	var nowMs int64
 	for g := 0; g+1 < len(bounds); g++ {
-		all, ms, err := s.run(ctx, sc, nowArg, modeCharge, charges, group(g), out)
+		all, ms, err := s.run(ctx, sc, nowArg, nowMs, modeCharge, charges, group(g), out)
 		if err != nil {
 			s.refund(parent, sc, nowMs, charges, sc.order[:bounds[g]])
 			return false, 0, err
@@ -442,12 +518,10 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 		charged := sc.order[:bounds[g]]
 		s.refund(parent, sc, nowMs, charges, charged)
 		for _, i := range charged {
-			c := &charges[i]
-			st := sc.info[i].rolled
-			out[i] = window.Describe(st, max(nowMs, st.Start), c.Limit, int64(c.Cost), true)
+			out[i] = describe(&charges[i], &sc.info[i], false, true)
 		}
 		for h := g + 1; h+1 < len(bounds); h++ {
-			if _, _, err := s.run(ctx, sc, nowArg, modeDryRun, charges, group(h), out); err != nil {
+			if _, _, err := s.run(ctx, sc, nowArg, nowMs, modeDryRun, charges, group(h), out); err != nil {
 				return false, 0, err
 			}
 		}
@@ -457,21 +531,17 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 }
 
 // run runs the script for the charges listed in idx, all in one slot, and
-// fills their decisions and their pre-charge states in sc.info. It reports
-// whether all of them fit and the instant of the decision.
-func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
+// fills their decisions and what the script read of their counters in
+// sc.info. It reports whether all of them fit and the instant of the
+// decision. nowArg is the instant to decide at as the script takes it
+// ("" for the server's clock), and nowMs the same in Unix ms (-1 for the
+// server's clock).
+func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, nowMs int64, mode any, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
 	keys := sc.run[:0]
 	args := append(sc.args[:0], nowArg, mode)
 	for _, i := range idx {
 		keys = append(keys, sc.keys[i])
-		c := &charges[i]
-		cost := int64(c.Cost)
-		if cost > int64(c.Limit.Requests) {
-			// Any cost above the limit gives the same decision; this
-			// keeps the script's numbers small.
-			cost = int64(c.Limit.Requests) + 1
-		}
-		args = append(args, sc.fields[i], int64(c.Limit.Requests), c.Limit.Window.Milliseconds(), c.Limit.Tick(), cost)
+		args = appendArgs(args, sc.fields[i], &charges[i], nowMs)
 	}
 	sc.run, sc.args = keys, args
 	v, err := s.eval(ctx, script, keys, args)
@@ -487,9 +557,49 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, mode any, c
 	return parseReply(reply, mode == modeCharge, charges, idx, out, sc.info)
 }
 
-// parseReply checks the script's reply, copies the states it read into
-// info and describes each decision into out (window.Describe), with the
-// costs counted if the charges were admitted and charged.
+// appendArgs appends to args the script's arguments for charge c, whose
+// counter is field (see decide.lua). nowMs is the instant to decide at, in
+// Unix ms, or -1 for the server's clock.
+func appendArgs(args []any, field string, c *window.Charge, nowMs int64) []any {
+	l := &c.Limit
+	cost := int64(c.Cost)
+	if capa := int64(l.Capacity()); cost > capa {
+		// Any cost above the capacity gives the same decision; this keeps
+		// the script's numbers small.
+		cost = capa + 1
+	}
+	w := l.Window.Milliseconds()
+	switch {
+	case l.Algorithm == window.SlidingWindow:
+		return append(args, field, codeSliding, int64(l.Requests), w, l.Tick(), cost)
+	case l.Algorithm == window.TokenBucket:
+		return append(args, field, codeToken, int64(l.Requests), int64(l.Capacity()), w, l.Tick(), cost)
+	case l.Algorithm == window.LeakyBucket:
+		r, wait := l.Tick(), int64(-1)
+		if l.MaxDelay > 0 {
+			wait = l.MaxDelay.Milliseconds() / r
+		}
+		return append(args, field, codeLeaky, int64(l.Requests), int64(l.Capacity()), w, r, wait, cost)
+	case l.Algorithm == window.SlidingLog:
+		return append(args, field, codeLog, int64(l.Requests), w, cost)
+	case l.Period == window.NoPeriod:
+		return append(args, field, codeFixed, int64(l.Requests), w, cost)
+	}
+	// The script has no time-zone database: it gets the period boundaries
+	// around this instant, or around this server's clock when Redis keeps
+	// time, and picks the period that contains its own.
+	ref := nowMs
+	if ref < 0 {
+		ref = time.Now().UnixMilli()
+	}
+	b := l.Boundaries(ref)
+	return append(args, field, codeCalendar, int64(l.Requests), cost, b[0], b[1], b[2], b[3])
+}
+
+// parseReply checks the script's reply, copies what it read of each
+// counter into info and describes each decision into out (window.Describe,
+// or window.DescribeLog for a sliding log), with the costs counted if the
+// charges were admitted and charged.
 func parseReply(reply []any, charged bool, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
 	if len(reply) != 2+fieldsPerCharge*len(idx) {
 		return false, 0, fmt.Errorf("redisstore: script returned %d values for %d charges", len(reply), len(idx))
@@ -515,21 +625,51 @@ func parseReply(reply []any, charged bool, charges []window.Charge, idx []int, o
 			}
 			f[k] = n
 		}
-		allowed := f[0]
-		rolled := window.State{Start: f[1], Prev: f[2], Curr: f[3]}
-		stored := window.State{Start: f[4], Prev: f[5], Curr: f[6]}
-		if (allowed != 0 && allowed != 1) || rolled.Start < 0 || rolled.Prev < 0 || rolled.Curr < 0 || stored.Start < -1 || stored.Prev < 0 || stored.Curr < 0 {
-			return false, 0, fmt.Errorf("redisstore: script returned an invalid counter: allowed %d, state %+v, stored %+v", allowed, rolled, stored)
-		}
-		info[i] = counter{rolled: rolled, stored: stored, existed: stored.Start >= 0}
 		c := &charges[i]
-		st := rolled
-		if charged && all == 1 {
-			st.Curr += int64(c.Cost)
+		allowed := f[0]
+		if c.Limit.Algorithm == window.SlidingLog {
+			sum := window.LogSummary{Count: f[1], Oldest: f[2], Newest: f[3], RetryC: f[4], Retry1: f[5]}
+			at := f[6]
+			if (allowed != 0 && allowed != 1) || sum.Count < 0 || sum.Oldest < 0 || sum.Newest < sum.Oldest ||
+				sum.RetryC < -1 || sum.Retry1 < -1 || at < sum.Newest || at < now {
+				return false, 0, fmt.Errorf("redisstore: script returned an invalid log: allowed %d, summary %+v at %d", allowed, sum, at)
+			}
+			info[i] = counter{sum: sum, at: at}
+		} else {
+			rolled := window.State{Start: f[1], Prev: f[2], Curr: f[3]}
+			stored := window.State{Start: f[4], Prev: f[5], Curr: f[6]}
+			exp := int64(-1)
+			if a := c.Limit.Algorithm; a == window.TokenBucket || a == window.LeakyBucket {
+				// The script returns the stored expiry in place of the
+				// rolled tick, which is the limit's.
+				exp, rolled.Prev = rolled.Prev, c.Limit.Tick()
+			}
+			if (allowed != 0 && allowed != 1) || rolled.Start < 0 || rolled.Prev < 0 || rolled.Curr < 0 || stored.Start < -1 || stored.Prev < 0 || stored.Curr < 0 || exp < -1 {
+				return false, 0, fmt.Errorf("redisstore: script returned an invalid counter: allowed %d, state %+v, stored %+v", allowed, rolled, stored)
+			}
+			info[i] = counter{rolled: rolled, stored: stored, storedExp: exp, at: max(now, rolled.Start)}
 		}
-		out[i] = window.Describe(st, max(now, rolled.Start), c.Limit, int64(c.Cost), allowed == 1)
+		out[i] = describe(c, &info[i], charged && all == 1, allowed == 1)
 	}
 	return all == 1, now, nil
+}
+
+// describe computes the Decision of charge c from what the script read of
+// its counter, with its cost counted if charged.
+func describe(c *window.Charge, inf *counter, charged, allowed bool) window.Decision {
+	cost := int64(c.Cost)
+	if c.Limit.Algorithm == window.SlidingLog {
+		sum := inf.sum
+		if charged {
+			sum.Charge(inf.at, cost)
+		}
+		return window.DescribeLog(c.Limit, sum, inf.at, cost, allowed)
+	}
+	st := inf.rolled
+	if charged {
+		window.Add(&st, inf.at, c.Limit, cost)
+	}
+	return window.Describe(st, inf.at, c.Limit, cost, allowed)
 }
 
 // intAt returns reply[k], which must be an integer.
@@ -564,18 +704,30 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 		var keys []string
 		args := []any{nowMs}
 		for _, i := range idx[start:end] {
-			c, info := &charges[i], &sc.info[i]
+			c, inf := &charges[i], &sc.info[i]
 			if c.Cost == 0 {
 				continue
 			}
-			storedStart := info.stored.Start
-			if !info.existed {
-				storedStart = -1
-			}
 			keys = append(keys, sc.keys[i])
-			args = append(args, sc.fields[i], c.Limit.Window.Milliseconds(), int64(c.Cost),
-				info.rolled.Start, info.rolled.Prev, info.rolled.Curr,
-				storedStart, info.stored.Prev, info.stored.Curr)
+			l, cost, r, st := &c.Limit, int64(c.Cost), &inf.rolled, &inf.stored
+			w := l.Window.Milliseconds()
+			switch {
+			case l.Algorithm == window.SlidingWindow:
+				args = append(args, sc.fields[i], codeSliding, cost, w, r.Start, r.Prev, r.Curr, st.Start, st.Prev, st.Curr)
+			case l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket:
+				code := codeToken
+				if l.Algorithm == window.LeakyBucket {
+					code = codeLeaky
+				}
+				args = append(args, sc.fields[i], code, cost, w, r.Prev,
+					r.Start, r.Prev, r.Curr, st.Start, st.Prev, st.Curr, inf.storedExp)
+			case l.Algorithm == window.SlidingLog:
+				args = append(args, sc.fields[i], codeLog, cost, w, inf.at)
+			case l.Period == window.NoPeriod:
+				args = append(args, sc.fields[i], codeFixed, cost, r.Start)
+			default:
+				args = append(args, sc.fields[i], codeCalendar, cost, r.Start)
+			}
 		}
 		if len(keys) > 0 {
 			_, _ = s.eval(ctx, refundScript, keys, args)
@@ -609,8 +761,9 @@ func (s *Store) appendKey(b []byte, key string) []byte {
 }
 
 // appendField appends the field of c's counter in its bucket to b: the
-// first 12 bytes of SHA-256 over the Key, the Name and the window, each
-// length-prefixed so that no two triples give the same input.
+// first 12 bytes of SHA-256 over the Key, the Name and the limit's Series
+// (its window in ms for a sliding window), each length-prefixed so that no
+// two triples give the same input.
 func appendField(b []byte, c *window.Charge) []byte {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
@@ -618,7 +771,7 @@ func appendField(b []byte, c *window.Charge) []byte {
 	io.WriteString(h, c.Key)
 	h.Write(binary.AppendUvarint(n[:0], uint64(len(c.Name))))
 	io.WriteString(h, c.Name)
-	h.Write(binary.AppendUvarint(n[:0], uint64(c.Limit.Window.Milliseconds())))
+	h.Write(binary.AppendUvarint(n[:0], c.Limit.Series()))
 	var sum [sha256.Size]byte
 	return append(b, h.Sum(sum[:0])[:fieldLen]...)
 }

@@ -165,6 +165,37 @@ func TestKeyLayout(t *testing.T) {
 		}
 		fields[got] = id
 	}
+	// A sliding window's field is the one it had before there were other
+	// algorithms (SHA-256 of the length-prefixed Key and Name and of the
+	// window in ms, as uvarints), so counters survive an upgrade; the
+	// other algorithms, and calendar periods in other zones, get fields
+	// of their own for the same window.
+	var in []byte
+	in = binary.AppendUvarint(in, 2)
+	in = append(in, "ab"...)
+	in = binary.AppendUvarint(in, 1)
+	in = append(in, "n"...)
+	in = binary.AppendUvarint(in, 60_000)
+	old := sha256.Sum256(in)
+	if got := field("ab", "n", time.Minute); got != string(old[:fieldLen]) {
+		t.Errorf("the sliding window's field changed: %x, was %x", got, old[:fieldLen])
+	}
+	byLimit := map[string]window.Limit{}
+	for _, l := range []window.Limit{
+		{Requests: 1, Window: time.Minute},
+		{Requests: 1, Window: time.Minute, Algorithm: window.FixedWindow},
+		{Requests: 1, Window: time.Minute, Algorithm: window.SlidingLog},
+		{Requests: 1, Window: time.Minute, Algorithm: window.TokenBucket},
+		{Requests: 1, Algorithm: window.FixedWindow, Period: window.CalendarDay},
+		{Requests: 1, Algorithm: window.FixedWindow, Period: window.CalendarDay, Location: time.FixedZone("X", 3600)},
+		{Requests: 1, Algorithm: window.FixedWindow, Period: window.CalendarWeek},
+	} {
+		got := string(appendField(nil, &window.Charge{Key: "ab", Name: "n", Limit: l}))
+		if other, ok := byLimit[got]; ok {
+			t.Errorf("%s and %s share a field", l, other)
+		}
+		byLimit[got] = l
+	}
 }
 
 // TestKeysInRedis writes hostile keys and names through a real server and
@@ -448,7 +479,7 @@ func TestRefund(t *testing.T) {
 		t.Helper()
 		cs := []window.Charge{{Key: key, Name: "r", Limit: perMinute(100), Cost: cost}}
 		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
-		if ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(now), 10), modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
+		if ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(now), 10), window.Millis(now), modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 			t.Fatalf("charge: %v, %v", ok, err)
 		}
 		return sc, cs
@@ -716,6 +747,10 @@ func TestTakeErrors(t *testing.T) {
 	if _, err := s.Take(ctx, time.Unix(-1, 0), []window.Charge{ch}, make([]window.Decision, 1)); err == nil {
 		t.Error("Take before 1970: no error")
 	}
+	// After the year 6419: the scripts store instants in 6 bytes.
+	if _, err := s.Take(ctx, time.Date(6420, 1, 1, 0, 0, 0, 0, time.UTC), []window.Charge{ch}, make([]window.Decision, 1)); err == nil {
+		t.Error("Take in the year 6420: no error")
+	}
 	// A cancelled context.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
@@ -741,7 +776,7 @@ func TestParseReply(t *testing.T) {
 	ok, now, err := parseReply(good(), true, charges, []int{0, 1}, out, info)
 	want := window.Describe(window.State{Start: 1000, Curr: 5}, 1000, perMinute(10), 1, true)
 	if err != nil || !ok || now != 1000 || out[1] != want || want.Remaining != 5 ||
-		info[0].rolled.Curr != 4 || info[0].existed {
+		info[0].rolled.Curr != 4 || info[0].stored.Start != -1 || info[0].at != 1000 {
 		t.Fatalf("good reply: %v %d %v %+v %+v", ok, now, err, out, info)
 	}
 	// A dry run describes the counter as it was.
@@ -765,6 +800,35 @@ func TestParseReply(t *testing.T) {
 	}
 	for name, f := range bad {
 		if _, _, err := parseReply(f(good()), true, charges, []int{0, 1}, out, info); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+
+	// A sliding log's summary (two entries, 1 at 500 and 2 at 900, of
+	// 3/min) and a token bucket's level (6/min: 60000 drops a token),
+	// with its stored expiry in place of the tick.
+	log := window.Limit{Requests: 3, Window: time.Minute, Algorithm: window.SlidingLog}
+	tb := window.Limit{Requests: 6, Window: time.Minute, Algorithm: window.TokenBucket}
+	charges = []window.Charge{{Key: "a", Limit: log, Cost: 1}, {Key: "a", Limit: tb, Cost: 1}}
+	reply := func() []any {
+		return []any{int64(0), int64(1_000),
+			int64(0), int64(3), int64(500), int64(900), int64(500), int64(500), int64(1_000),
+			int64(1), int64(1_000), int64(20_000), int64(60_000), int64(990), int64(1), int64(66_000)}
+	}
+	ok, _, err = parseReply(reply(), true, charges, []int{0, 1}, out, info)
+	wantLog := window.DescribeLog(log, window.LogSummary{Count: 3, Oldest: 500, Newest: 900, RetryC: 500, Retry1: 500}, 1000, 1, false)
+	wantTB := window.Describe(window.State{Start: 1000, Prev: 1, Curr: 60_000}, 1000, tb, 1, true)
+	if err != nil || ok || out[0] != wantLog || out[1] != wantTB || info[1].storedExp != 20_000 || info[1].rolled.Prev != 1 || info[0].at != 1000 {
+		t.Errorf("log and token bucket: %v %v %+v %+v", ok, err, out, info)
+	}
+	for name, f := range map[string]func(r []any) []any{
+		"NegCount":    func(r []any) []any { r[3] = int64(-1); return r },
+		"NewestFirst": func(r []any) []any { r[5] = int64(400); return r },
+		"RetryC":      func(r []any) []any { r[6] = int64(-2); return r },
+		"AtBeforeNow": func(r []any) []any { r[8] = int64(999); return r },
+		"Expiry":      func(r []any) []any { r[11] = int64(-2); return r },
+	} {
+		if _, _, err := parseReply(f(reply()), true, charges, []int{0, 1}, out, info); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
