@@ -7,8 +7,16 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: test redis bench fuzz example
 
+# Nested modules (own go.mod, so the main module's ./... does not enter
+# them): vetted and tested here, since CI vets only the main module.
+NESTED := example middleware/metrics/prometheus middleware/metrics/otel
+
 test: redis
 	$(GO) test -race -shuffle=on -timeout 8m ./...
+	@set -e; for m in $(NESTED); do \
+		echo "$$m: $(GO) vet, $(GO) test -race"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -race -shuffle=on -timeout 5m ./...); \
+	done
 
 redis:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then \

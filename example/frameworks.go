@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/labstack/echo/v4"
 
 	sluiceecho "github.com/sluicehq/sluice/adapters/echo"
@@ -54,8 +55,12 @@ func slow(ctx context.Context, path, ms string) {
 	}
 }
 
-// serveFunc serves lim's routes on ln until ctx is done.
-type serveFunc func(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error
+// serveFunc serves lim's routes on ln until ctx is done, and metrics, when
+// not nil, on /metrics, which no rule limits.
+type serveFunc func(ctx context.Context, ln net.Listener, lim *middleware.Limiter, metrics http.Handler) error
+
+// metricsPath is where the example serves its metrics.
+const metricsPath = "/metrics"
 
 var frameworks = map[string]serveFunc{
 	"nethttp": serveNetHTTP,
@@ -64,7 +69,7 @@ var frameworks = map[string]serveFunc{
 	"fiber":   serveFiber,
 }
 
-func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter, metrics http.Handler) error {
 	mux := http.NewServeMux()
 	for _, rt := range exampleRoutes {
 		pattern := rt.method + " " + rt.path
@@ -77,11 +82,18 @@ func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter)
 			fmt.Fprintln(w, body)
 		})
 	}
-	srv := &http.Server{Handler: demoAuth(lim.Handler(mux)), ReadHeaderTimeout: readHeaderTimeout}
+	var h http.Handler = demoAuth(lim.Handler(mux))
+	if metrics != nil {
+		outer := http.NewServeMux()
+		outer.Handle(metricsPath, metrics)
+		outer.Handle("/", h)
+		h = outer
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}
 	return serveHTTP(ctx, srv, ln)
 }
 
-func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter, metrics http.Handler) error {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(func(c *gin.Context) { // demo authentication, as demoAuth
@@ -89,6 +101,9 @@ func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter) err
 			c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), userKey{}, u))
 		}
 	})
+	if metrics != nil {
+		r.GET(metricsPath, gin.WrapH(metrics)) // before the limiter
+	}
 	r.Use(sluicegin.New(sluicegin.Config{Limiter: lim}))
 	for _, rt := range exampleRoutes {
 		body := rt.body
@@ -101,7 +116,7 @@ func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter) err
 	return serveHTTP(ctx, srv, ln)
 }
 
-func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter, metrics http.Handler) error {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // demo authentication
@@ -112,7 +127,13 @@ func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter) er
 			return next(c)
 		}
 	})
-	e.Use(sluiceecho.RateLimiter(lim))
+	cfg := sluiceecho.DefaultConfig
+	cfg.Limiter = lim
+	cfg.Skipper = func(c echo.Context) bool { return c.Path() == metricsPath }
+	e.Use(sluiceecho.RateLimiterWithConfig(cfg))
+	if metrics != nil {
+		e.GET(metricsPath, echo.WrapHandler(metrics))
+	}
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		e.Add(rt.method, rt.path, func(c echo.Context) error {
@@ -124,7 +145,7 @@ func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter) er
 	return serveHTTP(ctx, srv, ln)
 }
 
-func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter) error {
+func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter, metrics http.Handler) error {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	app.Use(func(c *fiber.Ctx) error { // demo authentication
 		if u := c.Get("X-User"); u != "" {
@@ -133,6 +154,9 @@ func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter) e
 		}
 		return c.Next()
 	})
+	if metrics != nil {
+		app.Get(metricsPath, adaptor.HTTPHandler(metrics)) // before the limiter
+	}
 	app.Use(sluicefiber.New(sluicefiber.Config{Limiter: lim}))
 	for _, rt := range exampleRoutes {
 		body := rt.body

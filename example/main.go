@@ -35,11 +35,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
+	sluiceprom "github.com/sluicehq/sluice/middleware/metrics/prometheus"
 )
 
 func main() {
@@ -67,7 +71,20 @@ func run(args []string) error {
 	defer stop()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	opts := []middleware.Option{middleware.WithLogger(logger)}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := sluiceprom.New(reg)
+	if err != nil {
+		return err
+	}
+	opts := []middleware.Option{middleware.WithLogger(logger), middleware.WithObserver(metrics)}
+	onReload := func(rl *config.Reloader) func(error) {
+		log := rl.LogReloads(logger)
+		return func(err error) {
+			log(err)
+			metrics.ObserveReload(err)
+		}
+	}
 	store := "memory"
 	if *redisAddr != "" {
 		client, err := newRedis(*redisAddr)
@@ -91,8 +108,8 @@ func run(args []string) error {
 			return err
 		}
 		lim = rl.Limiter()
-		go rl.Watch(ctx, time.Second, rl.LogReloads(logger))
-		go reloadOnHUP(ctx, rl, rl.LogReloads(logger))
+		go rl.Watch(ctx, time.Second, onReload(rl))
+		go reloadOnHUP(ctx, rl, onReload(rl))
 		source = func() (string, string) { return rl.Config().File, rl.Config().Version() }
 	} else {
 		var err error
@@ -112,7 +129,8 @@ func run(args []string) error {
 		}
 	}
 	printUsage(ln.Addr().String(), *framework, store, *rulesFile)
-	return serve(ctx, ln, lim)
+	metrics.Watch(lim)
+	return serve(ctx, ln, lim, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 }
 
 const readHeaderTimeout = 5 * time.Second

@@ -3,13 +3,19 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
+	sluiceprom "github.com/sluicehq/sluice/middleware/metrics/prometheus"
 )
 
 // TestExampleServers runs the example's routes on every framework, with the
@@ -67,7 +73,7 @@ func TestExampleServers(t *testing.T) {
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan error, 1)
-				go func() { done <- serve(ctx, ln, lim) }()
+				go func() { done <- serve(ctx, ln, lim, nil) }()
 				t.Cleanup(func() {
 					cancel()
 					if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
@@ -134,5 +140,66 @@ func TestAdminListener(t *testing.T) {
 		if res.StatusCode != tt.want {
 			t.Errorf("Authorization %q: %d, want %d", tt.auth, res.StatusCode, tt.want)
 		}
+	}
+}
+
+// TestExampleMetrics: /metrics answers in the Prometheus text format on
+// every framework's listener, unlimited, with the decisions of real
+// traffic.
+func TestExampleMetrics(t *testing.T) {
+	t.Parallel()
+	for name, serve := range frameworks {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reg := prometheus.NewRegistry()
+			m, err := sluiceprom.New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim, err := middleware.NewRules(builtinRules(), middleware.WithObserver(m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			m.Watch(lim)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- serve(ctx, ln, lim, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})) }()
+			defer func() { cancel(); <-done }()
+			base := "http://" + ln.Addr().String()
+			for range 7 {
+				res, err := http.Get(base + "/search")
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.Body.Close()
+			}
+			var body string
+			for range 40 { // scraped more often than any rule allows: never limited
+				res, err := http.Get(base + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				if res.StatusCode != 200 {
+					t.Fatalf("/metrics: %d", res.StatusCode)
+				}
+				body = string(b)
+			}
+			for _, want := range []string{
+				`sluice_decisions_total{outcome="allowed",rule="search"} 5`,
+				`sluice_decisions_total{outcome="denied",rule="search"} 2`,
+				"# TYPE sluice_memory_keys gauge",
+			} {
+				if !strings.Contains(body, want) {
+					t.Errorf("/metrics lacks %q:\n%s", want, body)
+				}
+			}
+		})
 	}
 }

@@ -293,7 +293,7 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
 			}
-			return Result{}, err
+			return Result{Rule: rule.Name}, err
 		}
 	}
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {

@@ -1,0 +1,99 @@
+package sluiceotel_test
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/sluicehq/sluice/middleware"
+	sluiceotel "github.com/sluicehq/sluice/middleware/metrics/otel"
+)
+
+// prometheusMetrics are sluiceprom's metrics (its MetricNames), their
+// types and labels, which sluiceprom's alerting rules and dashboard query.
+// This module does not depend on sluiceprom's, so they are copied here.
+var prometheusMetrics = map[string]struct {
+	typ    dto.MetricType
+	labels []string
+}{
+	"sluice_decisions_total":             {dto.MetricType_COUNTER, []string{"outcome", "rule"}},
+	"sluice_store_call_duration_seconds": {dto.MetricType_HISTOGRAM, nil},
+	"sluice_store_errors_total":          {dto.MetricType_COUNTER, nil},
+	"sluice_deny_cache_hits_total":       {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_circuit_breaker_open":        {dto.MetricType_GAUGE, nil},
+	"sluice_store_server_up":             {dto.MetricType_GAUGE, []string{"server"}},
+	"sluice_memory_keys":                 {dto.MetricType_GAUGE, nil},
+	"sluice_memory_evictions_total":      {dto.MetricType_COUNTER, nil},
+	"sluice_queue_waiting":               {dto.MetricType_GAUGE, nil},
+	"sluice_concurrency_slots_held":      {dto.MetricType_GAUGE, nil},
+	"sluice_rules_reloads_total":         {dto.MetricType_COUNTER, []string{"result"}},
+}
+
+// TestPrometheusNames: exported through OpenTelemetry's Prometheus
+// exporter, the instruments are sluiceprom's metrics, with the same names,
+// types and labels, so that its alerts and dashboard apply.
+func TestPrometheusNames(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	m, err := sluiceotel.New(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	lim, err := middleware.NewRules(rules(), middleware.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	m.Watch(lim)
+	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
+	m.DenyCacheHit("api")
+	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, mf := range mfs {
+		got = append(got, mf.GetName())
+		want, ok := prometheusMetrics[mf.GetName()]
+		if !ok {
+			continue
+		}
+		if mf.GetType() != want.typ {
+			t.Errorf("%s: type %v, want %v", mf.GetName(), mf.GetType(), want.typ)
+		}
+		for _, s := range mf.GetMetric() {
+			var labels []string
+			for _, l := range s.GetLabel() {
+				labels = append(labels, l.GetName())
+			}
+			sort.Strings(labels)
+			if !slices.Equal(labels, want.labels) {
+				t.Errorf("%s: labels %v, want %v", mf.GetName(), labels, want.labels)
+			}
+		}
+	}
+	var want []string
+	for name := range prometheusMetrics {
+		want = append(want, name)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("exported %v\nwant %v", got, want)
+	}
+}

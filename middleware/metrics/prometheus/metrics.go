@@ -1,0 +1,469 @@
+// Package sluiceprom exports what a sluice Limiter does as Prometheus
+// metrics.
+//
+// It is a module of its own, so that programs that do not use it never
+// download client_golang. A Metrics is a middleware.Observer, given to the
+// limiter with middleware.WithObserver, and a prometheus.Collector:
+//
+//	m, err := sluiceprom.New(prometheus.DefaultRegisterer)
+//	if err != nil { … }
+//	lim, err := middleware.NewRules(rules, middleware.WithObserver(m))
+//	if err != nil { … }
+//	m.Watch(lim) // memory, queue and slot figures, read at scrape time
+//	go reloader.Watch(ctx, 10*time.Second, m.ObserveReload)
+//	http.Handle("/metrics", promhttp.Handler())
+//
+// The metrics, all prefixed "sluice_" (MetricNames lists them):
+//
+//	sluice_decisions_total{rule,outcome}   counter    every request Decide handled
+//	sluice_store_call_duration_seconds     histogram  every call of the store
+//	sluice_store_errors_total              counter    store calls that failed
+//	sluice_deny_cache_hits_total{rule}     counter    denials answered by the deny cache
+//	sluice_circuit_breaker_open            gauge      1 while a circuit breaker is open
+//	sluice_store_server_up{server}         gauge      1 while a store server answers
+//	sluice_memory_keys                     gauge      counters the in-memory stores hold
+//	sluice_memory_evictions_total          counter    counters they dropped to stay in MaxKeys
+//	sluice_queue_waiting                   gauge      requests waiting in a leaky bucket's queue
+//	sluice_concurrency_slots_held          gauge      requests holding concurrency slots
+//	sluice_rules_reloads_total{result}     counter    rules reloads, "ok" or "error"
+//
+// Labels never carry a client's key. Rule names and server addresses come
+// from configuration, but their distinct values are capped all the same
+// (WithMaxLabelValues); the rest are counted under OtherLabel.
+//
+// The deploy folder beside this package holds Prometheus alerting rules
+// (alerts.yml) and a Grafana dashboard (dashboard.json) over these metrics.
+package sluiceprom
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// The names of the metrics.
+const (
+	DecisionsTotal       = "sluice_decisions_total"
+	StoreCallDuration    = "sluice_store_call_duration_seconds"
+	StoreErrorsTotal     = "sluice_store_errors_total"
+	DenyCacheHitsTotal   = "sluice_deny_cache_hits_total"
+	CircuitBreakerOpen   = "sluice_circuit_breaker_open"
+	StoreServerUp        = "sluice_store_server_up"
+	MemoryKeys           = "sluice_memory_keys"
+	MemoryEvictionsTotal = "sluice_memory_evictions_total"
+	QueueWaiting         = "sluice_queue_waiting"
+	ConcurrencySlotsHeld = "sluice_concurrency_slots_held"
+	RulesReloadsTotal    = "sluice_rules_reloads_total"
+)
+
+// MetricNames lists the name of every metric a Metrics exports, for
+// checking dashboards and alerting rules against. A histogram's series add
+// the suffixes _bucket, _sum and _count to its name.
+var MetricNames = []string{
+	DecisionsTotal,
+	StoreCallDuration,
+	StoreErrorsTotal,
+	DenyCacheHitsTotal,
+	CircuitBreakerOpen,
+	StoreServerUp,
+	MemoryKeys,
+	MemoryEvictionsTotal,
+	QueueWaiting,
+	ConcurrencySlotsHeld,
+	RulesReloadsTotal,
+}
+
+// DefaultBuckets are the bounds, in seconds, of the store call duration
+// histogram: from 100µs, a call to the in-memory store or a pipelined
+// Redis round trip on the same host, to 1s, past any sensible store
+// timeout.
+var DefaultBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+
+// DefaultMaxLabelValues is how many distinct values of the rule label,
+// and of the server label, a Metrics exports by default.
+const DefaultMaxLabelValues = 1000
+
+// OtherLabel is the value of the rule or server label that counts the
+// values past the cap (see WithMaxLabelValues).
+const OtherLabel = "other"
+
+// StoreLabel is the value of the server label of a health event about the
+// store as a whole (middleware.HealthEvent with no Server).
+const StoreLabel = "store"
+
+// Option configures a Metrics.
+type Option func(*options)
+
+type options struct {
+	maxValues   int
+	buckets     []float64
+	constLabels prometheus.Labels
+	errs        []error
+}
+
+// WithMaxLabelValues caps at n the distinct values of the rule label and,
+// separately, of the server label (DefaultMaxLabelValues by default). Rule
+// names past the first n seen are counted under OtherLabel; so are server
+// addresses. n must be positive.
+func WithMaxLabelValues(n int) Option {
+	return func(o *options) {
+		if n <= 0 {
+			o.errs = append(o.errs, fmt.Errorf("sluiceprom: WithMaxLabelValues: want n > 0, got %d", n))
+			return
+		}
+		o.maxValues = n
+	}
+}
+
+// WithBuckets sets the bounds, in seconds, of the store call duration
+// histogram, in increasing order. The default is DefaultBuckets.
+func WithBuckets(b []float64) Option {
+	return func(o *options) {
+		if len(b) == 0 || !sort.Float64sAreSorted(b) {
+			o.errs = append(o.errs, fmt.Errorf("sluiceprom: WithBuckets: want increasing bounds, got %v", b))
+			return
+		}
+		o.buckets = append([]float64(nil), b...)
+	}
+}
+
+// WithConstLabels adds labels with fixed values to every metric, such as
+// {"limiter": "public"}, so that the metrics of several limiters can be
+// registered with one Registerer: each with the same label names and its
+// own values. (A Metrics given to several limiters adds them up instead.)
+func WithConstLabels(l prometheus.Labels) Option {
+	return func(o *options) { o.constLabels = l }
+}
+
+// Metrics counts what the limiters it observes do. It implements
+// middleware.Observer and prometheus.Collector, and is safe for
+// concurrent use. Given to several limiters, it adds up what they do.
+type Metrics struct {
+	max int
+
+	rules   atomic.Pointer[ruleTable] // read lock-free on every request
+	rulesMu sync.Mutex                // held to add to rules
+
+	storeDuration prometheus.Histogram
+	storeErrors   prometheus.Counter
+	breakersOpen  atomic.Int64
+	reloadsOK     atomic.Uint64
+	reloadsErr    atomic.Uint64
+
+	serversMu sync.Mutex
+	servers   map[string]bool // by label; true when up
+
+	watchMu  sync.Mutex
+	watched  map[*watch]struct{}
+	watchSeq int
+
+	decisionsDesc, denyHitsDesc, breakerDesc, serverUpDesc *prometheus.Desc
+	memKeysDesc, evictionsDesc, waitingDesc, slotsDesc     *prometheus.Desc
+	reloadsDesc                                            *prometheus.Desc
+}
+
+type watch struct{ lim *middleware.Limiter }
+
+var (
+	_ middleware.Observer  = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
+)
+
+// New returns a Metrics and registers it with reg, unless reg is nil (the
+// caller then registers it, as any prometheus.Collector). Pass
+// prometheus.DefaultRegisterer for the registry promhttp.Handler serves.
+// New returns an error for an invalid option or when reg refuses the
+// metrics, for instance because they are registered already: Metrics
+// registered with one Registerer need WithConstLabels with the same label
+// names and different values.
+func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
+	o := options{maxValues: DefaultMaxLabelValues, buckets: DefaultBuckets}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, errors.New("sluiceprom: nil Option")
+		}
+		opt(&o)
+	}
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
+	cl := o.constLabels
+	m := &Metrics{
+		max:     o.maxValues,
+		servers: map[string]bool{},
+		watched: map[*watch]struct{}{},
+		storeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        StoreCallDuration,
+			Help:        "How long calls of the rate limiter's store took, failed ones included.",
+			Buckets:     o.buckets,
+			ConstLabels: cl,
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        StoreErrorsTotal,
+			Help:        "Calls of the rate limiter's store that failed.",
+			ConstLabels: cl,
+		}),
+		decisionsDesc: prometheus.NewDesc(DecisionsTotal,
+			"Requests the rate limiter decided, by rule and outcome (allowed, denied, shadow_denied, failed_open, fallback, no_key, error, unlimited, gave_up).",
+			[]string{"rule", "outcome"}, cl),
+		denyHitsDesc: prometheus.NewDesc(DenyCacheHitsTotal,
+			"Requests the deny cache turned away without asking the store, by the rule that denied them.",
+			[]string{"rule"}, cl),
+		breakerDesc: prometheus.NewDesc(CircuitBreakerOpen,
+			"1 while the circuit breaker of a rate limiter is open and its store is not called, 0 otherwise.",
+			nil, cl),
+		serverUpDesc: prometheus.NewDesc(StoreServerUp,
+			"1 while a server of the rate limiter's store answers, 0 while it is down; only servers that went down at least once are listed.",
+			[]string{"server"}, cl),
+		memKeysDesc: prometheus.NewDesc(MemoryKeys,
+			"Counters the rate limiter's in-memory stores hold (the store or the fail-local fallback).",
+			nil, cl),
+		evictionsDesc: prometheus.NewDesc(MemoryEvictionsTotal,
+			"Counters the rate limiter's in-memory stores dropped to stay within their MaxKeys.",
+			nil, cl),
+		waitingDesc: prometheus.NewDesc(QueueWaiting,
+			"Requests waiting for their turn in a leaky bucket's queue.",
+			nil, cl),
+		slotsDesc: prometheus.NewDesc(ConcurrencySlotsHeld,
+			"Requests holding concurrency slots.",
+			nil, cl),
+		reloadsDesc: prometheus.NewDesc(RulesReloadsTotal,
+			"Reloads of the rules tried, by result: ok when the new rules are in force, error when the previous ones stay.",
+			[]string{"result"}, cl),
+	}
+	m.rules.Store(&ruleTable{byName: map[string]*ruleSeries{}})
+	if reg != nil {
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("sluiceprom: registering the metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Watch has the metrics read lim's Stats when they are scraped: the gauges
+// sluice_memory_keys, sluice_queue_waiting and
+// sluice_concurrency_slots_held and the counter
+// sluice_memory_evictions_total, added up over the watched limiters, and
+// exported only while at least one is watched. The limiter is made after
+// the Metrics, since it takes the Metrics as an option. unwatch stops
+// reading lim; call it if lim is closed before the Metrics is
+// unregistered.
+func (m *Metrics) Watch(lim *middleware.Limiter) (unwatch func()) {
+	if lim == nil {
+		return func() {}
+	}
+	w := &watch{lim: lim}
+	m.watchMu.Lock()
+	m.watched[w] = struct{}{}
+	m.watchMu.Unlock()
+	return func() {
+		m.watchMu.Lock()
+		delete(m.watched, w)
+		m.watchMu.Unlock()
+	}
+}
+
+// ObserveReload counts a reload of the rules: pass it as the onReload
+// function of config.Reloader.Watch, or call it with the error of
+// Reloader.Reload. A nil err counts under result="ok", any other under
+// result="error".
+func (m *Metrics) ObserveReload(err error) {
+	if err == nil {
+		m.reloadsOK.Add(1)
+	} else {
+		m.reloadsErr.Add(1)
+	}
+}
+
+// Decided counts the decision under its rule and outcome. It implements
+// middleware.Observer.
+func (m *Metrics) Decided(_ keyfunc.Request, res *middleware.Result) {
+	if res == nil {
+		return
+	}
+	o := int(res.Outcome)
+	if o >= numOutcomes {
+		o = 0 // labelled "unknown"
+	}
+	m.rule(res.Rule).decisions[o].Add(1)
+}
+
+// StoreCalled observes the duration of a store call and counts it as an
+// error if err is not nil. It implements middleware.Observer.
+func (m *Metrics) StoreCalled(d time.Duration, err error) {
+	m.storeDuration.Observe(d.Seconds())
+	if err != nil {
+		m.storeErrors.Inc()
+	}
+}
+
+// DenyCacheHit counts a denial by the deny cache under rule. It implements
+// middleware.Observer.
+func (m *Metrics) DenyCacheHit(rule string) {
+	m.rule(rule).denyHits.Add(1)
+}
+
+// BreakerChanged sets sluice_circuit_breaker_open: 1 while the breaker of
+// any limiter observed is open. It implements middleware.Observer.
+func (m *Metrics) BreakerChanged(open bool) {
+	if open {
+		m.breakersOpen.Add(1)
+	} else {
+		m.breakersOpen.Add(-1)
+	}
+}
+
+// StoreHealth sets sluice_store_server_up for e.Server (StoreLabel for an
+// event about the store as a whole; OtherLabel, following the last event
+// of any of them, for servers past the cap). It implements
+// middleware.Observer.
+func (m *Metrics) StoreHealth(e middleware.HealthEvent) {
+	server := e.Server
+	if server == "" {
+		server = StoreLabel
+	}
+	m.serversMu.Lock()
+	defer m.serversMu.Unlock()
+	if _, ok := m.servers[server]; !ok && len(m.servers) >= m.max {
+		// Past the cap, OtherLabel follows the last event of any of the
+		// servers folded into it.
+		server = OtherLabel
+	}
+	m.servers[server] = e.Up
+}
+
+// Describe sends the descriptions of every metric. It implements
+// prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		m.decisionsDesc, m.denyHitsDesc, m.breakerDesc, m.serverUpDesc,
+		m.memKeysDesc, m.evictionsDesc, m.waitingDesc, m.slotsDesc, m.reloadsDesc,
+	} {
+		ch <- d
+	}
+	m.storeDuration.Describe(ch)
+	m.storeErrors.Describe(ch)
+}
+
+// Collect sends the current value of every metric, reading the Stats of
+// the watched limiters. It implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range m.rules.Load().series {
+		for o := range s.decisions {
+			if n := s.decisions[o].Load(); n > 0 {
+				ch <- prometheus.MustNewConstMetric(m.decisionsDesc, prometheus.CounterValue, float64(n), s.label, middleware.Outcome(o).String())
+			}
+		}
+		if n := s.denyHits.Load(); n > 0 {
+			ch <- prometheus.MustNewConstMetric(m.denyHitsDesc, prometheus.CounterValue, float64(n), s.label)
+		}
+	}
+	m.storeDuration.Collect(ch)
+	m.storeErrors.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
+
+	m.serversMu.Lock()
+	for server, up := range m.servers {
+		ch <- prometheus.MustNewConstMetric(m.serverUpDesc, prometheus.GaugeValue, boolValue(up), server)
+	}
+	m.serversMu.Unlock()
+
+	ch <- prometheus.MustNewConstMetric(m.reloadsDesc, prometheus.CounterValue, float64(m.reloadsOK.Load()), "ok")
+	ch <- prometheus.MustNewConstMetric(m.reloadsDesc, prometheus.CounterValue, float64(m.reloadsErr.Load()), "error")
+
+	m.watchMu.Lock()
+	lims := make([]*middleware.Limiter, 0, len(m.watched))
+	for w := range m.watched {
+		lims = append(lims, w.lim)
+	}
+	m.watchMu.Unlock()
+	if len(lims) == 0 {
+		return
+	}
+	var sum middleware.Stats
+	for _, lim := range lims {
+		st := lim.Stats()
+		sum.MemoryKeys += st.MemoryKeys
+		sum.MemoryEvictions += st.MemoryEvictions
+		sum.Waiting += st.Waiting
+		sum.SlotsHeld += st.SlotsHeld
+	}
+	ch <- prometheus.MustNewConstMetric(m.memKeysDesc, prometheus.GaugeValue, float64(sum.MemoryKeys))
+	ch <- prometheus.MustNewConstMetric(m.evictionsDesc, prometheus.CounterValue, float64(sum.MemoryEvictions))
+	ch <- prometheus.MustNewConstMetric(m.waitingDesc, prometheus.GaugeValue, float64(sum.Waiting))
+	ch <- prometheus.MustNewConstMetric(m.slotsDesc, prometheus.GaugeValue, float64(sum.SlotsHeld))
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// numOutcomes bounds the outcomes counted apart; Outcome values past it,
+// which this version does not know, are counted as "unknown" (index 0).
+const numOutcomes = 16
+
+// ruleSeries holds the counters of one value of the rule label.
+type ruleSeries struct {
+	label     string
+	decisions [numOutcomes]atomic.Uint64
+	denyHits  atomic.Uint64
+}
+
+// ruleTable maps rule names to their series. It is never changed once
+// published: rule copies it to add a name.
+type ruleTable struct {
+	byName map[string]*ruleSeries // every name seen, those folded into OtherLabel too (up to a bound)
+	series []*ruleSeries          // one per label value, OtherLabel included
+}
+
+// rule returns the series of the rule named name, adding it, or folding it
+// into OtherLabel past the cap.
+func (m *Metrics) rule(name string) *ruleSeries {
+	if s, ok := m.rules.Load().byName[name]; ok {
+		return s
+	}
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
+	t := m.rules.Load()
+	if s, ok := t.byName[name]; ok {
+		return s
+	}
+	label := name
+	if len(t.series) >= m.max {
+		label = OtherLabel
+	}
+	var s *ruleSeries
+	for _, old := range t.series {
+		if old.label == label {
+			s = old
+			break
+		}
+	}
+	if s != nil && len(t.byName) >= 4*m.max {
+		// Names folded into an existing series are remembered only up
+		// to a bound; past it they take this slower path every time.
+		return s
+	}
+	nt := &ruleTable{byName: make(map[string]*ruleSeries, len(t.byName)+1), series: t.series}
+	for k, v := range t.byName {
+		nt.byName[k] = v
+	}
+	if s == nil {
+		s = &ruleSeries{label: label}
+		nt.series = append(t.series[:len(t.series):len(t.series)], s)
+	}
+	nt.byName[name] = s
+	m.rules.Store(nt)
+	return s
+}
