@@ -39,6 +39,14 @@ type Observer interface {
 	StoreHealth(e HealthEvent)
 }
 
+// BatchObserver is implemented by Observers that also want the size of
+// each batch of decisions a Redis store made with NewRedisStore sends to a
+// server (decisions made at the same moment share a round trip). StoreBatch
+// is called on the goroutine that sends the batch and must be fast.
+type BatchObserver interface {
+	StoreBatch(decisions int)
+}
+
 // NopObserver does nothing; embed it in an Observer that implements only
 // some methods.
 type NopObserver struct{}

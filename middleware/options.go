@@ -156,6 +156,11 @@ func (c *config) finish() error {
 				o.StoreHealth(e)
 			}
 		})
+		for _, o := range obs {
+			if b, ok := o.(BatchObserver); ok {
+				hub.(*healthHub).addBatch(b)
+			}
+		}
 	}
 	c.slots, c.slotsShared = slotsOf(c.store)
 	if c.fallback != nil {

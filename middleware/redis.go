@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -102,6 +103,7 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
 	pc.OnStateChange = func(server string, up bool, cause error) {
 		hub.send(HealthEvent{Server: server, Up: up, Cause: cause})
 	}
+	pc.OnBatch = hub.sendBatch
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
 		return nil, err
@@ -115,10 +117,32 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
 // its Observers. Entries are small and there is one per store.
 var healthHubs sync.Map
 
-// healthHub fans a store's health events out to its listeners.
+// healthHub fans a store's health events, and the sizes of its batches,
+// out to its listeners.
 type healthHub struct {
 	mu        sync.Mutex
 	listeners []func(HealthEvent)
+	batches   atomic.Pointer[[]BatchObserver]
+}
+
+// addBatch adds a listener of batch sizes.
+func (h *healthHub) addBatch(o BatchObserver) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var next []BatchObserver
+	if cur := h.batches.Load(); cur != nil {
+		next = append(next, *cur...)
+	}
+	next = append(next, o)
+	h.batches.Store(&next)
+}
+
+func (h *healthHub) sendBatch(n int) {
+	if obs := h.batches.Load(); obs != nil {
+		for _, o := range *obs {
+			o.StoreBatch(n)
+		}
+	}
 }
 
 func (h *healthHub) add(fn func(HealthEvent)) {

@@ -215,6 +215,9 @@ func (l *lane) run() {
 			l.timer.Reset(thr)
 		}
 
+		if fn := d.p.cfg.OnBatch; fn != nil {
+			fn(len(l.batch))
+		}
 		answered := l.exec(l.batch)
 
 		if thr > 0 {

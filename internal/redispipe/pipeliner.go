@@ -140,6 +140,10 @@ type Config struct {
 	// destination are made one at a time, in order, from the goroutine
 	// that saw the change; OnStateChange must not block for long.
 	OnStateChange func(dest string, up bool, cause error)
+	// OnBatch, if not nil, is called with the number of calls of each
+	// batch before it is sent, on the goroutine that sends it; it must be
+	// fast.
+	OnBatch func(calls int)
 }
 
 // kind is the sort of client a Pipeliner sends through.

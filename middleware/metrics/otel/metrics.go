@@ -28,6 +28,7 @@
 //	sluice.decisions               Int64Counter                  {request}  rule, outcome  sluice_decisions_total
 //	sluice.store.call.duration     Float64Histogram              s                         sluice_store_call_duration_seconds
 //	sluice.store.errors            Int64Counter                  {error}                   sluice_store_errors_total
+//	sluice.store.batch.size        Int64Histogram                {decision}                sluice_store_batch_size
 //	sluice.deny_cache.hits         Int64Counter                  {request}  rule           sluice_deny_cache_hits_total
 //	sluice.circuit_breaker.open    Int64ObservableGauge                                    sluice_circuit_breaker_open
 //	sluice.store.server.up         Int64ObservableGauge                     server         sluice_store_server_up
@@ -79,6 +80,7 @@ const (
 	Decisions            = "sluice.decisions"
 	StoreCallDuration    = "sluice.store.call.duration"
 	StoreErrors          = "sluice.store.errors"
+	StoreBatchSize       = "sluice.store.batch.size"
 	DenyCacheHits        = "sluice.deny_cache.hits"
 	CircuitBreakerOpen   = "sluice.circuit_breaker.open"
 	StoreServerUp        = "sluice.store.server.up"
@@ -94,6 +96,7 @@ var MetricNames = []string{
 	Decisions,
 	StoreCallDuration,
 	StoreErrors,
+	StoreBatchSize,
 	DenyCacheHits,
 	CircuitBreakerOpen,
 	StoreServerUp,
@@ -189,6 +192,7 @@ type Metrics struct {
 	decisions     metric.Int64Counter
 	storeDuration metric.Float64Histogram
 	storeErrors   metric.Int64Counter
+	batchSize     metric.Int64Histogram
 	denyHits      metric.Int64Counter
 	reloads       metric.Int64Counter
 	reloadOK      []metric.AddOption
@@ -211,7 +215,10 @@ type Metrics struct {
 
 type watch struct{ lim *middleware.Limiter }
 
-var _ middleware.Observer = (*Metrics)(nil)
+var (
+	_ middleware.Observer      = (*Metrics)(nil)
+	_ middleware.BatchObserver = (*Metrics)(nil)
+)
 
 // New returns a Metrics that records through a Meter of mp named
 // ScopeName. It returns an error for an invalid option or when mp refuses
@@ -261,6 +268,10 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(err)
 	m.storeErrors, err = meter.Int64Counter(StoreErrors, metric.WithUnit("{error}"),
 		metric.WithDescription("Calls of the rate limiter's store that failed."))
+	check(err)
+	m.batchSize, err = meter.Int64Histogram(StoreBatchSize, metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions per batch a Redis store sent to a server in one round trip."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
 	check(err)
 	m.denyHits, err = meter.Int64Counter(DenyCacheHits, metric.WithUnit("{request}"),
 		metric.WithDescription("Requests the deny cache turned away without asking the store, by the rule that denied them."))
@@ -402,6 +413,12 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	if err != nil {
 		m.storeErrors.Add(ctx, 1, m.baseAdd...)
 	}
+}
+
+// StoreBatch records the number of decisions in a batch a Redis store
+// sent. It implements middleware.BatchObserver.
+func (m *Metrics) StoreBatch(n int) {
+	m.batchSize.Record(context.Background(), int64(n), m.baseRecord...)
 }
 
 // DenyCacheHit counts a denial by the deny cache under rule. It implements

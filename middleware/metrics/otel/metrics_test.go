@@ -347,6 +347,7 @@ func TestMetricNames(t *testing.T) {
 	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+	m.StoreBatch(3)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -92,6 +92,7 @@ var metricLabels = map[string][]string{
 	sluiceprom.StoreServerUp:                 {"server"},
 	sluiceprom.RulesReloadsTotal:             {"result"},
 	sluiceprom.StoreCallDuration + "_bucket": {"le"},
+	sluiceprom.StoreBatchSize + "_bucket":    {"le"},
 }
 
 // labelValues are the values of the labels that have a fixed set.
@@ -141,7 +142,7 @@ func checkExported(t *testing.T, where, name string) {
 		return
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok && base == sluiceprom.StoreCallDuration {
+		if base, ok := strings.CutSuffix(name, suffix); ok && (base == sluiceprom.StoreCallDuration || base == sluiceprom.StoreBatchSize) {
 			return
 		}
 	}

@@ -18,6 +18,7 @@
 //	sluice_decisions_total{rule,outcome}   counter    every request Decide handled
 //	sluice_store_call_duration_seconds     histogram  every call of the store
 //	sluice_store_errors_total              counter    store calls that failed
+//	sluice_store_batch_size                histogram  decisions per round trip to a Redis server
 //	sluice_deny_cache_hits_total{rule}     counter    denials answered by the deny cache
 //	sluice_circuit_breaker_open            gauge      1 while a circuit breaker is open
 //	sluice_store_server_up{server}         gauge      1 while a store server answers
@@ -54,6 +55,7 @@ const (
 	DecisionsTotal       = "sluice_decisions_total"
 	StoreCallDuration    = "sluice_store_call_duration_seconds"
 	StoreErrorsTotal     = "sluice_store_errors_total"
+	StoreBatchSize       = "sluice_store_batch_size"
 	DenyCacheHitsTotal   = "sluice_deny_cache_hits_total"
 	CircuitBreakerOpen   = "sluice_circuit_breaker_open"
 	StoreServerUp        = "sluice_store_server_up"
@@ -71,6 +73,7 @@ var MetricNames = []string{
 	DecisionsTotal,
 	StoreCallDuration,
 	StoreErrorsTotal,
+	StoreBatchSize,
 	DenyCacheHitsTotal,
 	CircuitBreakerOpen,
 	StoreServerUp,
@@ -154,6 +157,7 @@ type Metrics struct {
 
 	storeDuration prometheus.Histogram
 	storeErrors   prometheus.Counter
+	batchSize     prometheus.Histogram
 	breakersOpen  atomic.Int64
 	reloadsOK     atomic.Uint64
 	reloadsErr    atomic.Uint64
@@ -173,8 +177,9 @@ type Metrics struct {
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer  = (*Metrics)(nil)
-	_ prometheus.Collector = (*Metrics)(nil)
+	_ middleware.Observer      = (*Metrics)(nil)
+	_ middleware.BatchObserver = (*Metrics)(nil)
+	_ prometheus.Collector     = (*Metrics)(nil)
 )
 
 // New returns a Metrics and registers it with reg, unless reg is nil (the
@@ -204,6 +209,12 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Name:        StoreCallDuration,
 			Help:        "How long calls of the rate limiter's store took, failed ones included.",
 			Buckets:     o.buckets,
+			ConstLabels: cl,
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        StoreBatchSize,
+			Help:        "Decisions per batch a Redis store sent to a server in one round trip.",
+			Buckets:     []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 			ConstLabels: cl,
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -305,6 +316,10 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreBatch observes the number of decisions in a batch a Redis store
+// sent. It implements middleware.BatchObserver.
+func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
+
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
 // middleware.Observer.
 func (m *Metrics) DenyCacheHit(rule string) {
@@ -351,6 +366,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	m.storeDuration.Describe(ch)
 	m.storeErrors.Describe(ch)
+	m.batchSize.Describe(ch)
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -368,6 +384,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	m.storeDuration.Collect(ch)
 	m.storeErrors.Collect(ch)
+	m.batchSize.Collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()

@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
@@ -614,4 +615,34 @@ func BenchmarkDecided(b *testing.B) {
 			m.StoreCalled(time.Millisecond, nil)
 		}
 	})
+}
+
+// TestStoreBatchSize: the decisions of a real Redis store reach the batch
+// size histogram.
+func TestStoreBatchSize(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	m, reg := newMetrics(t)
+	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	for range 5 {
+		serve(lim.Handler(ok), "/api/a", "alice")
+	}
+	got := series(t, reg)
+	if n := got[`sluice_store_batch_size_count{}`]; n < 1 {
+		t.Errorf("sluice_store_batch_size_count %v, want the batches of 5 decisions counted", n)
+	}
+	// Each store call is one decision in a batch (those the deny cache
+	// answered never reach Redis).
+	if s, calls := got[`sluice_store_batch_size_sum{}`], got[`sluice_store_call_duration_seconds_count{}`]; s != calls || s < 1 {
+		t.Errorf("sluice_store_batch_size_sum %v, want the %v decisions sent to Redis", s, calls)
+	}
 }
