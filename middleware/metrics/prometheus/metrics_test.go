@@ -646,3 +646,46 @@ func TestStoreBatchSize(t *testing.T) {
 		t.Errorf("sluice_store_batch_size_sum %v, want the %v decisions sent to Redis", s, calls)
 	}
 }
+
+// TestRedisStopped reads the metrics after real traffic on a real Redis:
+// allowed and denied requests, then the server stopped under the limiter,
+// whose requests fail open, are counted, and the server is reported down.
+func TestRedisStopped(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	m, reg := newMetrics(t)
+	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m), middleware.WithDenyCache(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	for range 3 {
+		serve(lim.Handler(ok), "/api/a", "alice")
+	}
+	srv.Kill()
+	for range 4 {
+		if code := serve(lim.Handler(ok), "/api/a", "alice"); code != 200 {
+			t.Fatalf("with Redis stopped: %d, want 200 (fail open)", code)
+		}
+	}
+	got := series(t, reg)
+	down := 0
+	for k, v := range got {
+		if strings.HasPrefix(k, "sluice_store_server_up{") && v == 0 {
+			down++
+		}
+	}
+	checkSeries(t, got, map[string]float64{
+		`sluice_decisions_total{outcome="allowed",rule="api"}`:     2,
+		`sluice_decisions_total{outcome="denied",rule="api"}`:      1,
+		`sluice_decisions_total{outcome="failed_open",rule="api"}`: 4,
+	})
+	if got[`sluice_store_errors_total{}`] < 1 || down != 1 {
+		t.Errorf("store errors %v, servers down %d; want errors counted and the server down: %v", got[`sluice_store_errors_total{}`], down, got)
+	}
+}
