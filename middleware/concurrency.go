@@ -295,7 +295,7 @@ func WithMaxWaiting(n int) Option {
 func (l *Limiter) wait(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result) error {
 	if n := l.waiting.Add(1); n > l.cfg.maxWaiting {
 		l.waiting.Add(-1)
-		l.giveBack(now, r, s)
+		l.giveBack(now, r, s, res)
 		res.Allowed, res.RetryAfter, res.NextAfter = false, res.Delay, res.Delay
 		res.Remaining = 0
 		return nil
@@ -307,14 +307,18 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, r keyfunc.Request, s 
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		l.giveBack(now, r, s)
+		l.giveBack(now, r, s, res)
 		return fmt.Errorf("%w: %w", ErrGaveUp, context.Cause(ctx))
 	}
 }
 
 // giveBack returns the places of the request's charges that waited.
-func (l *Limiter) giveBack(now time.Time, r keyfunc.Request, s *scratch) {
-	ret, ok := l.cfg.store.(Returner)
+func (l *Limiter) giveBack(now time.Time, r keyfunc.Request, s *scratch, res *Result) {
+	store := l.cfg.store
+	if res.Outcome == OutcomeFallback {
+		store = l.cfg.fallback // the store that gave the turn
+	}
+	ret, ok := store.(Returner)
 	if !ok {
 		return
 	}
