@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,47 +105,10 @@ func TestRealTimeBounds(t *testing.T) {
 			srv := redistest.Shared(t)
 			prefix := srv.Prefix(t)
 			c := []window.Charge{{Key: "hot", Name: "r", Limit: al.l, Cost: 1}}
-			var (
-				mu       sync.Mutex
-				admitted []int64
-				attempts int
-				wg       sync.WaitGroup
-			)
-			deadline := time.Now().Add(3 * time.Second)
-			for range stores {
-				s := newTestStore(t, srv.Client(t, &redis.Options{PoolSize: goroutines}), prefix)
-				for range goroutines {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						out := make([]window.Decision, 1)
-						for time.Now().Before(deadline) {
-							mu.Lock()
-							if attempts >= maxAttempts {
-								mu.Unlock()
-								return
-							}
-							attempts++
-							mu.Unlock()
-							ok, at, err := s.take(context.Background(), time.Time{}, c, out)
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if ok {
-								mu.Lock()
-								admitted = append(admitted, at)
-								mu.Unlock()
-							}
-						}
-					}()
-				}
-			}
-			wg.Wait()
+			admitted, attempts, _ := hammer(t, srv, prefix, c, stores, goroutines, maxAttempts, 3*time.Second)
 			if t.Failed() || len(admitted) == 0 {
 				return
 			}
-			slices.Sort(admitted)
 			peak, _ := maxInInterval(admitted, 1000)
 			span := float64(admitted[len(admitted)-1]-admitted[0]) / 1000
 			t.Logf("%s: %d attempts, %d admitted over %.1f s; most in any 1 s interval: %d (bound %d)",

@@ -36,49 +36,10 @@ func TestRealTime(t *testing.T) {
 	prefix := srv.Prefix(t)
 	ch := []window.Charge{{Key: "hot", Name: "r", Limit: window.Limit{Requests: limit, Window: time.Second}, Cost: 1}}
 
-	var (
-		mu       sync.Mutex
-		admitted []int64
-		attempts int
-		lastAt   int64
-		wg       sync.WaitGroup
-	)
-	deadline := time.Now().Add(duration)
-	for range stores {
-		s := newTestStore(t, srv.Client(t, &redis.Options{PoolSize: goroutines}), prefix)
-		for range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out := make([]window.Decision, 1)
-				for time.Now().Before(deadline) {
-					mu.Lock()
-					if attempts >= maxAttempts {
-						mu.Unlock()
-						return
-					}
-					attempts++
-					mu.Unlock()
-					ok, now, err := s.take(context.Background(), time.Time{}, ch, out)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					lastAt = max(lastAt, now)
-					if ok {
-						admitted = append(admitted, now)
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	admitted, attempts, lastAt := hammer(t, srv, prefix, ch, stores, goroutines, maxAttempts, duration)
 	if t.Failed() {
 		return
 	}
-	slices.Sort(admitted)
 	// Windows are anchored at the first admission; count the whole ones
 	// that ended while requests were still being sent.
 	start := admitted[0]
@@ -187,4 +148,51 @@ func maxInInterval(ts []int64, d int64) (int, int64) {
 		}
 	}
 	return best, at
+}
+
+// hammer sends ch to Redis on the server's clock from stores stores (each
+// its own client) of goroutines goroutines each, for d or until
+// maxAttempts requests were sent, and returns the instants (Unix ms) at
+// which the script admitted them, sorted, how many it sent, and the latest
+// instant it decided at.
+func hammer(t *testing.T, srv *redistest.Server, prefix string, ch []window.Charge, stores, goroutines, maxAttempts int, d time.Duration) (admitted []int64, attempts int, lastAt int64) {
+	t.Helper()
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	deadline := time.Now().Add(d)
+	for range stores {
+		s := newTestStore(t, srv.Client(t, &redis.Options{PoolSize: goroutines}), prefix)
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out := make([]window.Decision, len(ch))
+				for time.Now().Before(deadline) {
+					mu.Lock()
+					if attempts >= maxAttempts {
+						mu.Unlock()
+						return
+					}
+					attempts++
+					mu.Unlock()
+					ok, now, err := s.take(context.Background(), time.Time{}, ch, out)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					lastAt = max(lastAt, now)
+					if ok {
+						admitted = append(admitted, now)
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	slices.Sort(admitted)
+	return admitted, attempts, lastAt
 }
