@@ -68,6 +68,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/internal/labelcap"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -205,8 +206,7 @@ type Metrics struct {
 	closeOnce               sync.Once
 
 	breakersOpen atomic.Int64
-	rules        atomic.Pointer[ruleTable] // read lock-free on every request
-	rulesMu      sync.Mutex                // held to add to rules
+	rules        *labelcap.Table[ruleSeries] // read lock-free on every request
 	serversMu    sync.Mutex
 	servers      map[string]bool // by attribute value; true when up
 	watchMu      sync.Mutex
@@ -249,7 +249,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.baseRecord = []metric.RecordOption{m.base}
 	m.reloadOK = []metric.AddOption{m.with(attribute.String("result", "ok"))}
 	m.reloadErr = []metric.AddOption{m.with(attribute.String("result", "error"))}
-	m.rules.Store(&ruleTable{byName: map[string]*ruleSeries{}})
+	m.rules = labelcap.New(m.max, OtherLabel, m.newRuleSeries)
 
 	meter := mp.Meter(ScopeName)
 	var errs []error
@@ -380,7 +380,7 @@ func (m *Metrics) Decided(r keyfunc.Request, res *middleware.Result) {
 	if o >= numOutcomes {
 		o = 0 // "unknown"
 	}
-	m.decisions.Add(ctx, 1, m.rule(res.Rule).decisions[o]...)
+	m.decisions.Add(ctx, 1, m.rules.Get(res.Rule).decisions[o]...)
 	if !m.spanEvents {
 		return
 	}
@@ -424,7 +424,7 @@ func (m *Metrics) StoreBatch(n int) {
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
 // middleware.Observer.
 func (m *Metrics) DenyCacheHit(rule string) {
-	m.denyHits.Add(context.Background(), 1, m.rule(rule).denyHits...)
+	m.denyHits.Add(context.Background(), 1, m.rules.Get(rule).denyHits...)
 }
 
 // BreakerChanged sets sluice.circuit_breaker.open: 1 while the breaker of
@@ -511,55 +511,14 @@ type ruleSeries struct {
 	denyHits  []metric.AddOption
 }
 
-// ruleTable maps rule names to their series. It is never changed once
-// published: rule copies it to add a name.
-type ruleTable struct {
-	byName map[string]*ruleSeries // every name seen, those folded into OtherLabel too (up to a bound)
-	series []*ruleSeries          // one per attribute value, OtherLabel included
-}
-
-// rule returns the series of the rule named name, adding it, or folding it
-// into OtherLabel past the cap.
-func (m *Metrics) rule(name string) *ruleSeries {
-	if s, ok := m.rules.Load().byName[name]; ok {
-		return s
+// newRuleSeries makes the measurement options of the rule attribute's
+// value label.
+func (m *Metrics) newRuleSeries(label string) *ruleSeries {
+	s := &ruleSeries{label: label}
+	rule := attribute.String("rule", label)
+	for o := range s.decisions {
+		s.decisions[o] = []metric.AddOption{m.with(rule, attribute.String("outcome", middleware.Outcome(o).String()))}
 	}
-	m.rulesMu.Lock()
-	defer m.rulesMu.Unlock()
-	t := m.rules.Load()
-	if s, ok := t.byName[name]; ok {
-		return s
-	}
-	label := name
-	if len(t.series) >= m.max {
-		label = OtherLabel
-	}
-	var s *ruleSeries
-	for _, old := range t.series {
-		if old.label == label {
-			s = old
-			break
-		}
-	}
-	if s != nil && len(t.byName) >= 4*m.max {
-		// Names folded into an existing series are remembered only up
-		// to a bound; past it they take this slower path every time.
-		return s
-	}
-	nt := &ruleTable{byName: make(map[string]*ruleSeries, len(t.byName)+1), series: t.series}
-	for k, v := range t.byName {
-		nt.byName[k] = v
-	}
-	if s == nil {
-		s = &ruleSeries{label: label}
-		rule := attribute.String("rule", label)
-		for o := range s.decisions {
-			s.decisions[o] = []metric.AddOption{m.with(rule, attribute.String("outcome", middleware.Outcome(o).String()))}
-		}
-		s.denyHits = []metric.AddOption{m.with(rule)}
-		nt.series = append(t.series[:len(t.series):len(t.series)], s)
-	}
-	nt.byName[name] = s
-	m.rules.Store(nt)
+	s.denyHits = []metric.AddOption{m.with(rule)}
 	return s
 }

@@ -46,6 +46,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/labelcap"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -152,8 +153,7 @@ func WithConstLabels(l prometheus.Labels) Option {
 type Metrics struct {
 	max int
 
-	rules   atomic.Pointer[ruleTable] // read lock-free on every request
-	rulesMu sync.Mutex                // held to add to rules
+	rules *labelcap.Table[ruleSeries] // read lock-free on every request
 
 	storeDuration prometheus.Histogram
 	storeErrors   prometheus.Counter
@@ -250,7 +250,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			"Reloads of the rules tried, by result: ok when the new rules are in force, error when the previous ones stay.",
 			[]string{"result"}, cl),
 	}
-	m.rules.Store(&ruleTable{byName: map[string]*ruleSeries{}})
+	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("sluiceprom: registering the metrics: %w", err)
@@ -304,7 +304,7 @@ func (m *Metrics) Decided(_ keyfunc.Request, res *middleware.Result) {
 	if o >= numOutcomes {
 		o = 0 // labelled "unknown"
 	}
-	m.rule(res.Rule).decisions[o].Add(1)
+	m.rules.Get(res.Rule).decisions[o].Add(1)
 }
 
 // StoreCalled observes the duration of a store call and counts it as an
@@ -323,7 +323,7 @@ func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
 // middleware.Observer.
 func (m *Metrics) DenyCacheHit(rule string) {
-	m.rule(rule).denyHits.Add(1)
+	m.rules.Get(rule).denyHits.Add(1)
 }
 
 // BreakerChanged sets sluice_circuit_breaker_open: 1 while the breaker of
@@ -372,7 +372,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect sends the current value of every metric, reading the Stats of
 // the watched limiters. It implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range m.rules.Load().series {
+	m.rules.Each(func(_ string, s *ruleSeries) {
 		for o := range s.decisions {
 			if n := s.decisions[o].Load(); n > 0 {
 				ch <- prometheus.MustNewConstMetric(m.decisionsDesc, prometheus.CounterValue, float64(n), s.label, middleware.Outcome(o).String())
@@ -381,7 +381,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		if n := s.denyHits.Load(); n > 0 {
 			ch <- prometheus.MustNewConstMetric(m.denyHitsDesc, prometheus.CounterValue, float64(n), s.label)
 		}
-	}
+	})
 	m.storeDuration.Collect(ch)
 	m.storeErrors.Collect(ch)
 	m.batchSize.Collect(ch)
@@ -435,52 +435,4 @@ type ruleSeries struct {
 	label     string
 	decisions [numOutcomes]atomic.Uint64
 	denyHits  atomic.Uint64
-}
-
-// ruleTable maps rule names to their series. It is never changed once
-// published: rule copies it to add a name.
-type ruleTable struct {
-	byName map[string]*ruleSeries // every name seen, those folded into OtherLabel too (up to a bound)
-	series []*ruleSeries          // one per label value, OtherLabel included
-}
-
-// rule returns the series of the rule named name, adding it, or folding it
-// into OtherLabel past the cap.
-func (m *Metrics) rule(name string) *ruleSeries {
-	if s, ok := m.rules.Load().byName[name]; ok {
-		return s
-	}
-	m.rulesMu.Lock()
-	defer m.rulesMu.Unlock()
-	t := m.rules.Load()
-	if s, ok := t.byName[name]; ok {
-		return s
-	}
-	label := name
-	if len(t.series) >= m.max {
-		label = OtherLabel
-	}
-	var s *ruleSeries
-	for _, old := range t.series {
-		if old.label == label {
-			s = old
-			break
-		}
-	}
-	if s != nil && len(t.byName) >= 4*m.max {
-		// Names folded into an existing series are remembered only up
-		// to a bound; past it they take this slower path every time.
-		return s
-	}
-	nt := &ruleTable{byName: make(map[string]*ruleSeries, len(t.byName)+1), series: t.series}
-	for k, v := range t.byName {
-		nt.byName[k] = v
-	}
-	if s == nil {
-		s = &ruleSeries{label: label}
-		nt.series = append(t.series[:len(t.series):len(t.series)], s)
-	}
-	nt.byName[name] = s
-	m.rules.Store(nt)
-	return s
 }
