@@ -324,6 +324,57 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			// Header and query conditions: every front end reads the
+			// query its own way (keyfunc.QueryRequest).
+			name: "match/headers-and-query",
+			rules: func(*testing.T) []middleware.Rule {
+				return []middleware.Rule{{
+					Name: "default", Headers: map[string]string{"x-tenant": "gold"}, Query: map[string]string{"plan": "free"},
+					Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1)},
+				}}
+			},
+			steps: []step{
+				get("/search?plan=free", h("X-Tenant", "gold")).wants(allow(p1, 0, 120, 120)),
+				get("/search?q=a+b&plan=free", h("X-Tenant", "gold")).wants(deny(p1, 0, 120, 120, 120)),
+				get("/search?plan=free").wants(unlimited),
+				get("/search?plan=pro", h("X-Tenant", "gold")).wants(unlimited),
+				get("/search?plan=fre%65", h("X-Tenant", "silver")).wants(unlimited),
+				get("/search", h("X-Tenant", "gold")).wants(unlimited),
+			},
+		},
+		{
+			// A request no rule applies to is denied with 503 by every
+			// front end; a skipped one was matched.
+			name: "unmatched/deny",
+			rules: func(*testing.T) []middleware.Rule {
+				return []middleware.Rule{{
+					Name: "default", Path: "/users/*", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1)},
+					Skip: func(r keyfunc.Request) bool { return r.Header("X-Internal") == "yes" },
+				}}
+			},
+			opts: []middleware.Option{middleware.WithUnmatched(middleware.UnmatchedDeny)},
+			steps: []step{
+				get("/users/1").wants(allow(p1, 0, 120, 120)),
+				get("/hello").wants(want{status: http.StatusServiceUnavailable, body: `{"error":"no rate-limit rule applies to the request"}` + "\n"}),
+				get("/users/2", h("X-Internal", "yes")).wants(unlimited),
+			},
+		},
+		{
+			// A Deny rule turns its requests away without rate-limit
+			// headers; the others go on to the limits.
+			name: "rules/deny",
+			rules: func(*testing.T) []middleware.Rule {
+				return []middleware.Rule{
+					{Name: "blocked", Deny: true, Headers: map[string]string{"X-Client": "bad"}, Key: keyfunc.RemoteIP()},
+					{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1)}},
+				}
+			},
+			steps: []step{
+				get("/hello", h("X-Client", "bad")).wants(want{status: http.StatusTooManyRequests, body: `{"error":"request denied by rule","policy":"blocked"}` + "\n"}),
+				get("/hello").wants(allow(p1, 0, 120, 120)),
+			},
+		},
+		{
 			// 2 tokens a minute (one every 30 s) in a bucket of 4: the
 			// policy advertises the burst and the time it takes to refill
 			// (4 tokens at 2 a minute: 120 s).

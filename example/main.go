@@ -4,12 +4,19 @@
 //	go run ./example                                  # in-memory store on :8080
 //	go run ./example -redis localhost:6379            # counters shared in Redis
 //	go run ./example -config example/rules.yaml       # rules from a file, hot-reloaded
+//	go run ./example -config https://rules.internal/sluice.yaml   # from a rules service, polled
+//	go run ./example -config 'redis://localhost:6379/0?key=sluice:rules'   # from Redis, pushed
 //	go run ./example -framework gin                   # or echo, fiber; default nethttp
 //	curl -i localhost:8080/
 //
 // Flags: -addr (or PORT) sets the listen address; -redis (or REDIS_URL) a
 // Redis server, host:port or redis:// URL, to share counters between
-// instances; -config a rules file, reloaded when it changes and on SIGHUP;
+// instances; -config the rules: a file, reloaded when it changes and on
+// SIGHUP, or a rules service (an http(s):// URL, or a Redis key as
+// redis://host:port/db?key=NAME, to which config.PublishRedis writes),
+// polled every -config-poll (10 s) and, for Redis, reloaded as soon as a
+// new document is published, with -config-cache a file keeping the last
+// good rules for restarts while the service is down;
 // -framework the web framework that serves the routes, each through its
 // sluice adapter, with the same limits and answers; -admin-addr (default
 // 127.0.0.1:9090, loopback only) the listener of the admin handler (rules
@@ -57,7 +64,9 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("example", flag.ContinueOnError)
 	addr := fs.String("addr", defaultAddr(), "listen address (default :$PORT or :8080)")
 	redisAddr := fs.String("redis", os.Getenv("REDIS_URL"), "Redis host:port or redis:// URL (default $REDIS_URL); empty counts in memory")
-	rulesFile := fs.String("config", "", "rules file (YAML or JSON); empty uses the built-in rules")
+	rulesFile := fs.String("config", "", "rules: a file (YAML or JSON), an http:// or https:// URL, or redis://host:port/db?key=NAME; empty uses the built-in rules")
+	poll := fs.Duration("config-poll", config.DefaultPollInterval, "how often to poll a -config URL or Redis key")
+	cache := fs.String("config-cache", "", "file that keeps the last good rules of a -config URL or Redis key, used at start when the source is down")
 	framework := fs.String("framework", "nethttp", "nethttp, gin, echo or fiber")
 	adminAddr := fs.String("admin-addr", "127.0.0.1:9090", "listen address of the admin handler (rules, peek, reset); empty turns it off")
 	if err := fs.Parse(args); err != nil {
@@ -103,12 +112,16 @@ func run(args []string) error {
 	var lim *middleware.Limiter
 	source := func() (string, string) { return "built-in rules", "" }
 	if *rulesFile != "" {
-		rl, err := config.Open(*rulesFile, demoEnv, opts...)
+		rl, every, closeSource, err := openRules(ctx, *rulesFile, *poll, *cache, opts)
 		if err != nil {
 			return err
 		}
+		defer closeSource()
 		lim = rl.Limiter()
-		go rl.Watch(ctx, time.Second, onReload(rl))
+		if st := rl.Status(); st.FromCache {
+			logger.Warn("sluice: rules source unreadable at start; using the saved copy", slog.String("source", st.Source), slog.Any("error", st.Err))
+		}
+		go rl.Watch(ctx, every, onReload(rl))
 		go reloadOnHUP(ctx, rl, onReload(rl))
 		source = func() (string, string) { return rl.Config().File, rl.Config().Version() }
 	} else {

@@ -6,12 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
@@ -201,5 +203,42 @@ func TestExampleMetrics(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRulesFromService loads example/rules.yaml from a rules service by
+// URL, as -config does, and checks that -config accepts each form.
+func TestRulesFromService(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.FileServer(http.Dir(".")))
+	t.Cleanup(srv.Close)
+	rl, every, closeSource, err := openRules(context.Background(), srv.URL+"/rules.yaml", 50*time.Millisecond, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSource()
+	defer rl.Limiter().Close()
+	if every != 50*time.Millisecond || rl.Config().File != srv.URL+"/rules.yaml" || len(rl.Config().Rules) == 0 {
+		t.Errorf("every %v, config %+v", every, rl.Config())
+	}
+	if tried, err := rl.Check(); tried || err != nil {
+		t.Errorf("Check() = %v, %v: want unchanged (304)", tried, err)
+	}
+	src, closeRedis, err := rulesSource("redis://localhost:6379/2?key=sluice:rules&dial_timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeRedis()
+	if rs, ok := src.(*config.RedisSource); !ok || rs.Key != "sluice:rules" || rs.Client.(*redis.Client).Options().DB != 2 {
+		t.Errorf("redis source %#v", src)
+	}
+	if _, _, err := rulesSource("redis://localhost:6379/0"); err == nil || !strings.Contains(err.Error(), "key=") {
+		t.Errorf("redis URL without a key: %v", err)
+	}
+	if src, _, err := rulesSource("rules.yaml"); src != nil || err != nil {
+		t.Errorf("path: %v, %v", src, err)
+	}
+	if _, _, _, err := openRules(context.Background(), srv.URL+"/missing.yaml", time.Second, "", nil); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("missing document: %v", err)
 	}
 }

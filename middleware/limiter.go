@@ -36,6 +36,8 @@ type Limiter struct {
 	renew renewer
 	// waiting counts the requests waiting for a leaky bucket's turn.
 	waiting atomic.Int64
+	// unmatched is the UnmatchedPolicy in force.
+	unmatched atomic.Uint32
 }
 
 type ruleSet struct {
@@ -68,6 +70,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 	if err := l.cfg.finish(); err != nil {
 		return nil, err
 	}
+	l.unmatched.Store(uint32(l.cfg.unmatched))
 	if err := l.SetRules(rules); err != nil {
 		l.cfg.closeOwned()
 		return nil, err
@@ -159,6 +162,9 @@ const (
 	// OutcomeGaveUp: the request waited for its turn in a leaky bucket's
 	// queue and its client went away first.
 	OutcomeGaveUp
+	// OutcomeUnmatched: no rule applied and the limiter denies such
+	// requests (UnmatchedDeny): 503.
+	OutcomeUnmatched
 )
 
 var outcomeNames = [...]string{
@@ -171,11 +177,12 @@ var outcomeNames = [...]string{
 	OutcomeError:        "error",
 	OutcomeUnlimited:    "unlimited",
 	OutcomeGaveUp:       "gave_up",
+	OutcomeUnmatched:    "unmatched",
 }
 
 // String returns the outcome's name as metrics label it: "allowed",
 // "denied", "shadow_denied", "failed_open", "fallback", "no_key", "error",
-// "unlimited" or "gave_up".
+// "unlimited", "gave_up" or "unmatched".
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
 		return outcomeNames[o]
@@ -244,6 +251,7 @@ type Result struct {
 	status   int    // the status of a concurrency denial, 0 for 429
 	hold     *hold  // concurrency slots to give back (Done)
 	key      string // the binding limit's key, for hashed logs
+	blocked  bool   // denied by a Deny rule
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -277,6 +285,7 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 	defer s.release()
 
 	method, p := r.Method(), ""
+	matched := false
 	for _, rule := range set.rules {
 		if !rule.match.all || rule.methods != 0 || len(rule.other) > 0 {
 			if p == "" {
@@ -286,6 +295,10 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 				continue
 			}
 		}
+		if rule.extra && !rule.matchesExtra(r) {
+			continue
+		}
+		matched = true
 		if rule.Skip != nil && rule.Skip(r) {
 			continue
 		}
@@ -296,7 +309,21 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 			return Result{Rule: rule.Name}, err
 		}
 	}
+	if b := s.blocked; b != nil {
+		// A Deny rule: nothing is charged, and no slot was taken yet.
+		res := Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
+		if l.cfg.shadow {
+			res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
+		}
+		return res, nil
+	}
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
+		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
+			return l.unmatchedResult(), nil
+		}
+		if s.shadowBlocked != nil {
+			return Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}, nil
+		}
 		return Result{Allowed: true, Outcome: OutcomeUnlimited}, nil
 	}
 	ctx := r.Context()
@@ -363,6 +390,9 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 		res.RetryAfter = 0
 	}
 	res.Shadowed = res.Shadowed || slotShadowed
+	if s.shadowBlocked != nil && res.Allowed && !res.Shadowed {
+		res.Shadowed, res.ShadowPolicy = true, s.shadowBlocked.Name
+	}
 	if res.Allowed {
 		res.hold = h
 	} else {
@@ -467,6 +497,17 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	if rule.allowed(key) {
 		return nil
 	}
+	if rule.Deny {
+		switch {
+		case !rule.Shadow:
+			if s.blocked == nil {
+				s.blocked = rule
+			}
+		case s.shadowBlocked == nil:
+			s.shadowBlocked = rule
+		}
+		return nil
+	}
 	if rule.Concurrency > 0 {
 		s.slots = append(s.slots, slotRequest{rule: rule, key: key, shadow: rule.Shadow})
 		if len(rule.limits) == 0 && rule.LimitsFunc == nil {
@@ -523,6 +564,9 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
 // header style. It writes nothing when no limit applied.
 func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
+	if res.blocked {
+		return
+	}
 	if res.Concurrency {
 		if !res.Allowed {
 			s.Set(headers.RetryAfter, strconv.FormatInt(headers.Seconds(res.RetryAfter), 10))
@@ -601,6 +645,8 @@ type scratch struct {
 	decisions, shadowDec []Decision
 	metas, shadowMetas   []chargeMeta
 	slots                []slotRequest
+	// blocked and shadowBlocked are the first Deny rules that applied.
+	blocked, shadowBlocked *compiledRule
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -626,6 +672,7 @@ func (s *scratch) release() {
 	clear(s.shadowMetas)
 	clear(s.slots)
 	s.slots = s.slots[:0]
+	s.blocked, s.shadowBlocked = nil, nil
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)

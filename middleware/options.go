@@ -78,6 +78,8 @@ type config struct {
 	hookDec  func(keyfunc.Request, Result)
 	errs     []error
 
+	unmatched UnmatchedPolicy
+
 	breakerFailures int
 	breakerCooldown time.Duration
 	breakerSet      bool

@@ -22,8 +22,24 @@ const ContentTypeJSON = "application/json; charset=utf-8"
 // A request denied by a concurrency limit gets
 //
 //	{"error":"too many requests in flight","policy":"reports","limit":2,"retry_after_seconds":1}
+//
+// A request a Deny rule turns away gets
+//
+//	{"error":"request denied by rule","policy":"blocklist"}
+//
+// and one that no rule applies to, under UnmatchedDeny,
+//
+//	{"error":"no rate-limit rule applies to the request"}
 func DenyBody(res *Result) []byte {
+	if res.Outcome == OutcomeUnmatched {
+		return []byte(unmatchedBody)
+	}
 	b := make([]byte, 0, 128)
+	if res.blocked {
+		b = append(b, `{"error":"request denied by rule","policy":`...)
+		b = strconv.AppendQuote(b, res.Policy)
+		return append(b, "}\n"...)
+	}
 	if res.Concurrency {
 		b = append(b, `{"error":"too many requests in flight","policy":`...)
 		b = strconv.AppendQuote(b, res.Policy)
@@ -61,7 +77,8 @@ func DefaultDenyHandler(w http.ResponseWriter, r *http.Request) {
 
 // DenyStatus returns the status of a denied request: 429 Too Many
 // Requests, or 503 Service Unavailable for a concurrency limit whose rule
-// asks for it (Rule.ConcurrencyStatus).
+// asks for it (Rule.ConcurrencyStatus) and for a request no rule applies to
+// under UnmatchedDeny.
 func DenyStatus(res *Result) int {
 	if res.status != 0 {
 		return res.status

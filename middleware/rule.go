@@ -1,12 +1,14 @@
 package middleware
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"net/netip"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +37,33 @@ type Rule struct {
 	// rule for GET also matches HEAD, which net/http serves with the GET
 	// handler.
 	Methods []string
+
+	// Headers, when not empty, limits the rule to requests that carry each
+	// of these headers with exactly this value (the header's first value;
+	// names are case-insensitive), as in {"X-Tenant": "gold"}.
+	Headers map[string]string
+
+	// Query, when not empty, limits the rule to requests whose URL has
+	// each of these query parameters with exactly this value (the
+	// parameter's first value, unescaped), as in {"plan": "free"}. A front
+	// end whose Request does not implement keyfunc.QueryRequest matches no
+	// such rule; net/http and the adapters all do.
+	Query map[string]string
+
+	// Match, when set, limits the rule further to the requests for which
+	// it reports true, on top of Path, Methods, Headers and Query. Unlike
+	// Skip, a request Match rejects is one the rule does not apply to at
+	// all (see WithUnmatched). It is called on every request the other
+	// conditions select and must be fast.
+	Match func(r keyfunc.Request) bool
+
+	// Deny, when set, turns away every request the rule applies to (once
+	// its key is found and not allowlisted) with 429 Too Many Requests and
+	// no Retry-After, charging nothing: a blocklist entry, such as an
+	// Envoy descriptor with requests_per_unit: 0. A Deny rule has no
+	// Limits, LimitsFunc or Concurrency; a shadow Deny rule only reports
+	// the requests it would have denied.
+	Deny bool
 
 	// Key says who a request is counted against. Required.
 	Key keyfunc.Func
@@ -116,7 +145,13 @@ type compiledRule struct {
 	policy  string // RateLimit-Policy value for static rules
 	names   []string
 	allow   map[string]struct{}
+	headers []condition // Headers, names canonical
+	query   []condition // Query
+	extra   bool        // the rule has Headers, Query or Match
 }
+
+// condition is one header or query parameter a rule requires.
+type condition struct{ name, value string }
 
 var knownMethods = [...]string{
 	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
@@ -133,7 +168,11 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if r.Key == nil {
 		return nil, errorf("key function is nil")
 	}
-	if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Concurrency == 0 {
+	if r.Deny {
+		if len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0 {
+			return nil, errorf("a Deny rule has no limits, LimitsFunc or concurrency")
+		}
+	} else if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Concurrency == 0 {
 		return nil, errorf("no limits")
 	}
 	if r.Concurrency < 0 {
@@ -155,6 +194,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("path %v", err)
 	}
 	c := &compiledRule{Rule: r, match: m}
+	if err := c.compileConditions(); err != nil {
+		return nil, errorf("%v", err)
+	}
 	c.Limits = append([]Limit(nil), r.Limits...)
 	c.AllowCIDRs = append([]netip.Prefix(nil), r.AllowCIDRs...)
 	for _, p := range c.AllowCIDRs {
@@ -396,4 +438,85 @@ func cleanPath(p string) string {
 		p = "/" + p
 	}
 	return path.Clean(p)
+}
+
+// compileConditions checks and copies the rule's Headers and Query.
+func (c *compiledRule) compileConditions() error {
+	headers, query := c.Headers, c.Query
+	c.Headers, c.Query = nil, nil
+	for _, name := range sortedNames(headers) {
+		if !validHeaderName(name) {
+			return fmt.Errorf("bad header name %q", name)
+		}
+		c.headers = append(c.headers, condition{http.CanonicalHeaderKey(name), headers[name]})
+	}
+	for _, name := range sortedNames(query) {
+		if name == "" {
+			return errors.New("empty query parameter name")
+		}
+		c.query = append(c.query, condition{name, query[name]})
+	}
+	if len(c.headers) > 0 {
+		c.Headers = make(map[string]string, len(c.headers))
+		for _, h := range c.headers {
+			c.Headers[h.name] = h.value
+		}
+	}
+	if len(c.query) > 0 {
+		c.Query = make(map[string]string, len(c.query))
+		for _, q := range c.query {
+			c.Query[q.name] = q.value
+		}
+	}
+	c.extra = len(c.headers) > 0 || len(c.query) > 0 || c.Match != nil
+	return nil
+}
+
+// matchesExtra reports whether r satisfies the rule's Headers, Query and
+// Match.
+func (c *compiledRule) matchesExtra(r keyfunc.Request) bool {
+	for _, h := range c.headers {
+		if r.Header(h.name) != h.value {
+			return false
+		}
+	}
+	if len(c.query) > 0 {
+		q, ok := r.(keyfunc.QueryRequest)
+		if !ok {
+			return false
+		}
+		for _, p := range c.query {
+			if q.Query(p.name) != p.value {
+				return false
+			}
+		}
+	}
+	return c.Match == nil || c.Match(r)
+}
+
+// sortedNames returns the keys of m in order.
+func sortedNames(m map[string]string) []string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// validHeaderName reports whether s is an HTTP token, as header names are.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

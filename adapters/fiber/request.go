@@ -45,3 +45,6 @@ func (r request) Values(name string) []string {
 	}
 	return vals
 }
+
+// Query implements keyfunc.QueryRequest.
+func (r request) Query(name string) string { return r.c.Query(name) }

@@ -17,3 +17,6 @@ func (r request) Route() string               { return r.c.FullPath() }
 func (r request) RemoteAddr() string          { return r.c.Request.RemoteAddr }
 func (r request) Header(name string) string   { return r.c.Request.Header.Get(name) }
 func (r request) Values(name string) []string { return r.c.Request.Header.Values(name) }
+
+// Query implements keyfunc.QueryRequest.
+func (r request) Query(name string) string { return r.c.Query(name) }

@@ -47,14 +47,32 @@ type Config struct {
 	// applied: every rule of Rules is a shadow rule when it is true.
 	Shadow bool
 
+	// Unmatched is the file's unmatched setting: what the Limiter does
+	// with requests no rule applies to. It counts only when UnmatchedSet
+	// is true (the file has the setting); Open and a Reloader then apply
+	// it with Limiter.SetUnmatched, over any middleware.WithUnmatched.
+	Unmatched middleware.UnmatchedPolicy
+
+	// UnmatchedSet reports whether the file sets unmatched.
+	UnmatchedSet bool
+
+	// Domain is the domain of an Envoy/Lyft-style descriptor file, "" for
+	// a file of rules.
+	Domain string
+
 	sum         [sha256.Size]byte // of the file's contents
 	headersLine int               // line of the headers field, 0 if none
 }
 
 // Options returns the Limiter options the file sets, for
-// middleware.NewRules: the header style. Options passed after them win.
+// middleware.NewRules: the header style, and unmatched when the file sets
+// it. Options passed after them win.
 func (c *Config) Options() []middleware.Option {
-	return []middleware.Option{middleware.WithHeaderStyle(c.HeaderStyle)}
+	opts := []middleware.Option{middleware.WithHeaderStyle(c.HeaderStyle)}
+	if c.UnmatchedSet {
+		opts = append(opts, middleware.WithUnmatched(c.Unmatched))
+	}
+	return opts
 }
 
 // Env is what a program supplies to turn a file's key names and plans into
@@ -95,6 +113,20 @@ type Env struct {
 	// Names are lower case letters, digits and '_', starting with a
 	// letter.
 	Keys map[string]keyfunc.Func
+
+	// DescriptorHeaders maps descriptor keys of an Envoy/Lyft-style file
+	// to the request header each stands for, as Envoy's request_headers
+	// action maps a header to a descriptor_key: {"client_id":
+	// "X-Client-Id"} lets a file limit by key: client_id. It adds to the
+	// built-in descriptor keys, or replaces them.
+	DescriptorHeaders map[string]string
+
+	// Descriptors maps descriptor keys to functions that return a
+	// request's value for them, and false when it has none (the
+	// descriptor then does not apply), for attributes neither the
+	// built-ins nor DescriptorHeaders cover. They are called on every
+	// request and must be fast. They win over DescriptorHeaders.
+	Descriptors map[string]func(keyfunc.Request) (string, bool)
 }
 
 var keyNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
@@ -107,6 +139,16 @@ func (env *Env) check() error {
 		}
 		if fn == nil {
 			return fmt.Errorf("config: Env.Keys: %q is nil", name)
+		}
+	}
+	for key, h := range env.DescriptorHeaders {
+		if key == "" || !isToken(h) {
+			return fmt.Errorf("config: Env.DescriptorHeaders: %q: bad header name %q", key, h)
+		}
+	}
+	for key, fn := range env.Descriptors {
+		if key == "" || fn == nil {
+			return fmt.Errorf("config: Env.Descriptors: %q is nil or unnamed", key)
 		}
 	}
 	if env.APIKeyHeader != "" && !isToken(env.APIKeyHeader) {

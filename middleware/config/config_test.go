@@ -106,7 +106,7 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "unknown top-level field",
 			in:   "rulez: []",
-			want: `rules.yaml:1: rulez: unknown field (want rules, headers, shadow, allow)
+			want: `rules.yaml:1: rulez: unknown field (want rules, headers, shadow, allow, unmatched)
 rules.yaml:1: rules: required`,
 		},
 		{
@@ -423,7 +423,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "match unknown field",
 			in:   "rules: [{name: a, key: ip, match: {host: example.com}, limits: [{requests: 1, window: 1m}]}]",
-			want: "rules.yaml:1: rules[0].match.host: unknown field (want path, methods)",
+			want: "rules.yaml:1: rules[0].match.host: unknown field (want path, methods, headers, query)",
 		},
 		{
 			name: "headers bogus",
@@ -552,7 +552,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 rules:
   - <<: *base
     name: a`,
-			want: `rules.yaml:1: base: unknown field (want rules, headers, shadow, allow)
+			want: `rules.yaml:1: base: unknown field (want rules, headers, shadow, allow, unmatched)
 rules.yaml:3: rules[0].<<: merge keys are not supported`,
 		},
 		{

@@ -28,9 +28,9 @@ const maxNodes = 1 << 17
 // The fields of each mapping of the schema, in the order error messages
 // list them.
 var (
-	rootFields  = []string{"rules", "headers", "shadow", "allow"}
+	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
 	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans"}
-	matchFields = []string{"path", "methods"}
+	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
 	allowFields = []string{"cidrs", "keys"}
 )
@@ -98,19 +98,19 @@ func (d *decoder) root(n *yaml.Node) *Config {
 		d.errorf(n, "", "want a mapping with rules, got %s", describe(n))
 		return cfg
 	}
+	if isDescriptorFile(n) {
+		d.descriptorRoot(n, cfg)
+		return cfg
+	}
 	var rules, allow *yaml.Node
 	d.fields(n, "", rootFields, func(key string, v *yaml.Node) {
 		switch key {
 		case "rules":
 			rules = v
 		case "headers":
-			if s, ok := d.str(v, "headers"); ok {
-				style, err := headers.ParseStyle(s)
-				if err != nil {
-					d.errorf(v, "headers", "unknown style %q (want both, legacy, draft or none)", s)
-				}
-				cfg.HeaderStyle, cfg.headersLine = style, v.Line
-			}
+			d.headerStyle(v, cfg)
+		case "unmatched":
+			d.unmatched(v, cfg)
 		case "shadow":
 			cfg.Shadow, _ = d.bool(v, "shadow")
 		case "allow":
@@ -182,7 +182,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			}
 			r.Name, nameNode = s, v
 		case "match":
-			r.Path, r.Methods = d.match(v, fpath)
+			r.Path, r.Methods, r.Headers, r.Query = d.match(v, fpath)
 		case "key":
 			s, ok := d.str(v, fpath)
 			if !ok {
@@ -329,10 +329,10 @@ func plansFunc(plan func(keyfunc.Request, string) string, plans map[string][]mid
 }
 
 // match decodes a rule's match field.
-func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) {
+func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string, hdrs, query map[string]string) {
 	if n.Kind != yaml.MappingNode {
 		d.errorf(n, path, "want a mapping such as {path: /api/*, methods: [GET]}, got %s", describe(n))
-		return "", nil
+		return "", nil, nil, nil
 	}
 	d.fields(n, path, matchFields, func(field string, v *yaml.Node) {
 		fpath := path + "." + field
@@ -347,6 +347,15 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) 
 				return
 			}
 			p = s
+		case "headers":
+			hdrs = d.values(v, fpath, "{X-Tenant: gold}", true, func(name string) string {
+				if !isToken(name) {
+					return fmt.Sprintf("bad header name %q", name)
+				}
+				return ""
+			})
+		case "query":
+			query = d.values(v, fpath, "{plan: free}", false, func(string) string { return "" })
 		case "methods":
 			if !d.seq(v, fpath) {
 				return
@@ -374,7 +383,70 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string) 
 			}
 		}
 	})
-	return p, methods
+	return p, methods, hdrs, query
+}
+
+// values decodes a mapping of names to exact values, as match's headers
+// and query are; fold makes names case-insensitive. check reports a bad
+// name, or "".
+func (d *decoder) values(n *yaml.Node, path, example string, fold bool, check func(string) string) map[string]string {
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping of names to values such as %s, got %s", example, describe(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		d.errorf(n, path, "empty: leave it out to match any value")
+		return nil
+	}
+	out := map[string]string{}
+	lower := map[string]int{}
+	d.fields(n, path, nil, func(name string, v *yaml.Node) {
+		fpath := path + "." + name
+		if msg := check(name); msg != "" {
+			d.errorf(v, fpath, "%s", msg)
+			return
+		}
+		if fold {
+			if line, dup := lower[strings.ToLower(name)]; dup {
+				d.errorf(v, fpath, "header named twice (first at line %d): names are case-insensitive", line)
+				return
+			}
+			lower[strings.ToLower(name)] = v.Line
+		}
+		if s, ok := d.str(v, fpath); ok {
+			out[name] = s
+		}
+	})
+	return out
+}
+
+// headerStyle decodes the top-level headers field.
+func (d *decoder) headerStyle(v *yaml.Node, cfg *Config) {
+	if s, ok := d.str(v, "headers"); ok {
+		style, err := headers.ParseStyle(s)
+		if err != nil {
+			d.errorf(v, "headers", "unknown style %q (want both, legacy, draft or none)", s)
+		}
+		cfg.HeaderStyle, cfg.headersLine = style, v.Line
+	}
+}
+
+// unmatched decodes the top-level unmatched field.
+func (d *decoder) unmatched(v *yaml.Node, cfg *Config) {
+	s, ok := d.str(v, "unmatched")
+	if !ok {
+		return
+	}
+	switch s {
+	case "allow":
+		cfg.Unmatched = middleware.UnmatchedAllow
+	case "deny":
+		cfg.Unmatched = middleware.UnmatchedDeny
+	default:
+		d.errorf(v, "unmatched", "unknown policy %q (want allow or deny)", s)
+		return
+	}
+	cfg.UnmatchedSet = true
 }
 
 // limitDefaults are the settings of a rule that apply to each of its

@@ -1,5 +1,7 @@
-// Package config loads a Limiter's rules from a YAML (or JSON) file and
-// reloads them while the server runs.
+// Package config loads a Limiter's rules from a YAML (or JSON) file, or
+// from a rules service (an HTTP(S) URL or a key in Redis), and reloads them
+// while the server runs. It also reads the configuration files of the
+// Envoy (Lyft) ratelimit service.
 //
 // A file lists rules; each says which requests it matches, who they are
 // counted against and how much they may do:
@@ -19,6 +21,7 @@
 //
 //	headers: both          # optional: both (default), legacy, draft or none
 //	shadow: false          # optional: true makes every rule a shadow rule
+//	unmatched: allow       # optional: allow (default) or deny (503) requests no rule applies to
 //	allow:                 # optional: never limited by any rule
 //	  cidrs: [203.0.113.0/24, 2001:db8::/32]
 //	  keys: ["user:ops"]
@@ -27,6 +30,8 @@
 //	    match:             # optional; without it the rule matches everything
 //	      path: /upload/*  # "", "/*", "/exact", "/prefix/*", "/users/{id}/posts"
 //	      methods: [POST]  # optional, standard methods only, any case
+//	      headers: {X-Tenant: gold}  # optional, exact first values, names in any case
+//	      query: {plan: free}        # optional, exact first values, unescaped
 //	    key: user_or_ip    # required, see below
 //	    algorithm: sliding_window # optional, the default for its limits
 //	    time_zone: UTC     # optional, the default for its calendar windows
@@ -141,6 +146,15 @@
 // The error is an *Error, or several joined with errors.Join when the file
 // has more than one problem; errors.As finds the first.
 //
+// # Requests no rule applies to
+//
+// A request that no rule matches (by path, methods, headers and query)
+// passes unlimited, unless the file says unmatched: deny, which answers it
+// with 503 Service Unavailable (middleware.WithUnmatched). The setting is
+// reloadable and, when present, wins over the program's WithUnmatched; a
+// reload of a file without it goes back to allow, or to the program's
+// setting when the first file loaded did not set it.
+//
 // # Reloading
 //
 // A Reloader re-reads the file on request (Reload, say on SIGHUP) or when it
@@ -151,4 +165,69 @@
 // the rules in force stay. Only rules are reloaded: headers is a
 // construction-time setting of the Limiter, and a reload that changes it is
 // rejected, as is one that fails to load.
+//
+// # Rules from a rules service
+//
+// OpenSource reads the rules from a Source instead of a file and returns a
+// Reloader whose Watch keeps them in step: HTTPSource polls a URL with
+// conditional requests (ETag, Last-Modified), RedisSource reads a hash at
+// a key and reloads as soon as PublishRedis announces a new document on
+// the key's pub/sub channel, polling as a backstop, and FileSource reads a
+// file. Polls are spread by SourceOptions.Jitter, and back off
+// exponentially while the source cannot be read. Every document goes
+// through Parse, so errors name the source as the file:
+//
+//	config: https://rules.internal/sluice.yaml: GET: unexpected status 500 Internal Server Error
+//	https://rules.internal/sluice.yaml:7: rules[1].limits[0].window: bad duration "5x"
+//	redis:sluice:rules:3: rules[0].key: unknown key name "nobody" (want ip, ...)
+//
+// A document that cannot be read or does not load leaves the rules in
+// force, and is reported once. SourceOptions.CachePath keeps the last good
+// document on disk (written atomically), and OpenSource starts from it when
+// the source cannot be read at start; without it, OpenSource fails and
+// says so. Reloader.Status and SourceOptions.OnStatus report the source's
+// state: the version in force, the last good load, the last attempt, the
+// failures in a row and the last error.
+//
+// # Envoy/Lyft descriptor files
+//
+// A document with a top-level domain field is a configuration of the Envoy
+// ratelimit service, read as rules:
+//
+//	domain: edge_proxy_per_ip           # required
+//	headers: both                       # optional, as in a rules file
+//	unmatched: allow                    # optional, as in a rules file
+//	descriptors:                        # required, at least one
+//	  - key: remote_address             # required: see the mapping below
+//	    value: 50.0.0.5                 # optional: exact, or a prefix ending in *
+//	    rate_limit:                     # optional
+//	      unit: second                  # second, minute, hour or day
+//	      requests_per_unit: 0          # 0 denies every request
+//	      unlimited: false              # true: applies without a limit
+//	      name: blocked                 # optional rule name
+//	      replaces: [{name: other}]     # the named rule gives way here
+//	    shadow_mode: false              # count and report, never deny
+//	    detailed_metric: false          # accepted, ignored
+//	    descriptors: []                 # nested: limited by the combination
+//
+// The descriptor keys stand for request attributes: remote_address is the
+// client address as the key name ip gives it (Env.TrustedProxies applies,
+// as Envoy's remote_address uses the trusted X-Forwarded-For hops; IPv6
+// by /64), path the cleaned path, method the method, user (or user_id)
+// Env.User, api_key the API key header, header:<Name> a header,
+// query:<name> a query parameter, a key of Env.DescriptorHeaders the
+// header it names (as Envoy's request_headers action does) and a key of
+// Env.Descriptors the program's function. Any other key is an error.
+//
+// Each descriptor with a rate_limit, or with neither a rate_limit nor
+// descriptors (allowlisted, as in Envoy), becomes a rule named by its
+// rate_limit's name or else domain.key_value.key (as Envoy names its
+// stats). The rule applies to a request that has every attribute along
+// the descriptor's path, equal to its value where one is given; at each
+// level an exact value is tried first, then a wildcard, then the key
+// alone, as Envoy does. Levels without a value are counted per value, by
+// the combination when nested (keyfunc.Join). Limits are fixed windows of
+// one unit aligned to the epoch, as Envoy counts; requests_per_unit: 0
+// makes a middleware.Rule with Deny, and unlimited: true a rule that
+// applies without a limit.
 package config

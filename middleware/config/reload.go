@@ -33,10 +33,21 @@ type Reloader struct {
 	path string
 	env  Env
 
-	mu   sync.Mutex // serializes reloads; guards seen
+	// src is the Source of a Reloader made by OpenSource, nil for a file
+	// Reloader; so are its options.
+	src Source
+	so  SourceOptions
+
+	mu   sync.Mutex // serializes reloads; guards seen and src's state
 	seen state      // the file as last read, whether it loaded or not
 
+	// unmatched is the policy to go back to when a file drops its
+	// unmatched setting.
+	unmatched middleware.UnmatchedPolicy
+
 	cfg atomic.Pointer[Config] // the Config in force
+
+	srcState // of a Source: its status, guarded by mu
 }
 
 // state identifies a version of the file.
@@ -75,11 +86,24 @@ func Open(path string, env Env, opts ...middleware.Option) (*Reloader, error) {
 //
 // env is what later versions of the file are parsed with; it should be the
 // one cfg was parsed with.
+//
+// When cfg sets unmatched, NewReloader applies it to lim (see
+// Config.Unmatched): the file's setting wins over WithUnmatched.
 func NewReloader(lim *middleware.Limiter, cfg *Config, env Env) *Reloader {
 	r := &Reloader{lim: lim, path: cfg.File, env: env}
+	r.init(cfg)
+	return r
+}
+
+// init puts cfg in force for a new Reloader.
+func (r *Reloader) init(cfg *Config) {
+	r.unmatched = r.lim.Unmatched()
+	if cfg.UnmatchedSet {
+		r.unmatched = middleware.UnmatchedAllow
+		r.lim.SetUnmatched(cfg.Unmatched)
+	}
 	r.seen.sum = cfg.sum
 	r.cfg.Store(cfg)
-	return r
 }
 
 // Limiter returns the Limiter whose rules r reloads.
@@ -98,6 +122,10 @@ func (r *Reloader) Config() *Config { return r.cfg.Load() }
 // Reload reads the file even when it has not changed; it suits a reload on
 // SIGHUP.
 func (r *Reloader) Reload() error {
+	if r.src != nil {
+		_, _, err := r.checkSource(true)
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fi, err := os.Stat(r.path)
@@ -117,7 +145,16 @@ func (r *Reloader) Reload() error {
 // unchanged, by a hash of its contents. An error is returned once per
 // version of the file: a file that did not load is not retried until it
 // changes again.
+//
+// For a Reloader made by OpenSource, Check asks the Source for the
+// document (a conditional request where the source supports one) and
+// reloads it when its contents changed; an error reading the source is
+// returned once until it changes or the source recovers.
 func (r *Reloader) Check() (reloaded bool, err error) {
+	if r.src != nil {
+		tried, _, err := r.checkSource(false)
+		return tried, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fi, err := os.Stat(r.path)
@@ -150,7 +187,17 @@ func (r *Reloader) Check() (reloaded bool, err error) {
 // Watch calls Check every interval (DefaultInterval if interval <= 0) until
 // ctx is done. After each reload it tried, it calls onReload, if not nil,
 // with Check's error: nil when the new rules are in force.
+//
+// For a Reloader made by OpenSource, Watch polls the Source every interval
+// (SourceOptions.Interval if interval <= 0), give or take
+// SourceOptions.Jitter, backs off exponentially up to
+// SourceOptions.MaxBackoff while the source cannot be read, and checks at
+// once when a Source that is a Notifier announces a change.
 func (r *Reloader) Watch(ctx context.Context, interval time.Duration, onReload func(error)) {
+	if r.src != nil {
+		r.watchSource(ctx, interval, onReload)
+		return
+	}
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
@@ -172,19 +219,31 @@ func (r *Reloader) Watch(ctx context.Context, interval time.Duration, onReload f
 // the Limiter's rules for its rules. r.mu is held.
 func (r *Reloader) apply(fi os.FileInfo, data []byte) error {
 	r.seen = state{mod: fi.ModTime(), size: fi.Size(), sum: sha256.Sum256(data), trusted: trusted(fi)}
-	cfg, err := Parse(data, r.path, r.env)
+	_, err := r.applyData(data, r.path)
+	return err
+}
+
+// applyData parses data, read from the source named name, and swaps the
+// Limiter's rules for its rules. r.mu is held.
+func (r *Reloader) applyData(data []byte, name string) (*Config, error) {
+	cfg, err := Parse(data, name, r.env)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if old := r.cfg.Load(); cfg.HeaderStyle != old.HeaderStyle {
-		return &Error{File: r.path, Line: cfg.headersLine, Field: "headers",
+		return nil, &Error{File: name, Line: cfg.headersLine, Field: "headers",
 			Msg: fmt.Sprintf("changed from %s to %s, which takes a restart: rules not reloaded", old.HeaderStyle, cfg.HeaderStyle)}
 	}
 	if err := r.lim.SetRules(cfg.Rules); err != nil {
-		return fmt.Errorf("config: %s: %w", r.path, err)
+		return nil, fmt.Errorf("config: %s: %w", name, err)
+	}
+	if cfg.UnmatchedSet {
+		r.lim.SetUnmatched(cfg.Unmatched)
+	} else {
+		r.lim.SetUnmatched(r.unmatched)
 	}
 	r.cfg.Store(cfg)
-	return nil
+	return cfg, nil
 }
 
 // trusted reports whether fi's modification time is old enough for its
