@@ -27,6 +27,8 @@
 //	sluice_queue_waiting                   gauge      requests waiting in a leaky bucket's queue
 //	sluice_concurrency_slots_held          gauge      requests holding concurrency slots
 //	sluice_rules_reloads_total{result}     counter    rules reloads, "ok" or "error"
+//	sluice_rules_source_failures           gauge      reads of the rules source failed in a row
+//	sluice_rules_source_last_load_seconds  gauge      Unix time of the last good load from the source
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -49,6 +51,7 @@ import (
 	"github.com/sluicehq/sluice/internal/labelcap"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/middleware/config"
 )
 
 // The names of the metrics.
@@ -65,6 +68,8 @@ const (
 	QueueWaiting         = "sluice_queue_waiting"
 	ConcurrencySlotsHeld = "sluice_concurrency_slots_held"
 	RulesReloadsTotal    = "sluice_rules_reloads_total"
+	RulesSourceFailures  = "sluice_rules_source_failures"
+	RulesSourceLastLoad  = "sluice_rules_source_last_load_seconds"
 )
 
 // MetricNames lists the name of every metric a Metrics exports, for
@@ -83,6 +88,8 @@ var MetricNames = []string{
 	QueueWaiting,
 	ConcurrencySlotsHeld,
 	RulesReloadsTotal,
+	RulesSourceFailures,
+	RulesSourceLastLoad,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -172,6 +179,8 @@ type Metrics struct {
 	decisionsDesc, denyHitsDesc, breakerDesc, serverUpDesc *prometheus.Desc
 	memKeysDesc, evictionsDesc, waitingDesc, slotsDesc     *prometheus.Desc
 	reloadsDesc                                            *prometheus.Desc
+
+	sourceFailures, sourceLoaded prometheus.Gauge
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -215,6 +224,16 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Name:        StoreBatchSize,
 			Help:        "Decisions per batch a Redis store sent to a server in one round trip.",
 			Buckets:     []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+			ConstLabels: cl,
+		}),
+		sourceFailures: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        RulesSourceFailures,
+			Help:        "Reads of the rules source (config.Source) that failed in a row; 0 once it answers again.",
+			ConstLabels: cl,
+		}),
+		sourceLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        RulesSourceLastLoad,
+			Help:        "Unix time, in seconds, of the last good load of the rules from their source.",
 			ConstLabels: cl,
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -316,6 +335,15 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// ObserveSourceStatus sets the rules source's gauges from st: use it as
+// config.SourceOptions.OnStatus (or call it from yours).
+func (m *Metrics) ObserveSourceStatus(st config.Status) {
+	m.sourceFailures.Set(float64(st.Failures))
+	if !st.LoadedAt.IsZero() {
+		m.sourceLoaded.Set(float64(st.LoadedAt.UnixMilli()) / 1000)
+	}
+}
+
 // StoreBatch observes the number of decisions in a batch a Redis store
 // sent. It implements middleware.BatchObserver.
 func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
@@ -366,6 +394,8 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	m.storeDuration.Describe(ch)
 	m.storeErrors.Describe(ch)
+	m.sourceFailures.Describe(ch)
+	m.sourceLoaded.Describe(ch)
 	m.batchSize.Describe(ch)
 }
 
@@ -384,6 +414,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	})
 	m.storeDuration.Collect(ch)
 	m.storeErrors.Collect(ch)
+	m.sourceFailures.Collect(ch)
+	m.sourceLoaded.Collect(ch)
 	m.batchSize.Collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 

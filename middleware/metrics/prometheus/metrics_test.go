@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -687,5 +688,39 @@ func TestRedisStopped(t *testing.T) {
 	})
 	if got[`sluice_store_errors_total{}`] < 1 || down != 1 {
 		t.Errorf("store errors %v, servers down %d; want errors counted and the server down: %v", got[`sluice_store_errors_total{}`], down, got)
+	}
+}
+
+// TestSourceStatus: ObserveSourceStatus, given as OnStatus to a source
+// whose HTTP server fails, sets the failures in a row and the time of the
+// last good load.
+func TestSourceStatus(t *testing.T) {
+	t.Parallel()
+	var fail atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintln(w, "rules: [{name: api, key: ip, limits: [{requests: 5, window: 1m}]}]")
+	}))
+	t.Cleanup(srv.Close)
+	m, reg := newMetrics(t)
+	rl, err := config.OpenSource(context.Background(), &config.HTTPSource{URL: srv.URL}, config.Env{},
+		config.SourceOptions{OnStatus: m.ObserveSourceStatus}, middleware.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rl.Limiter().Close() })
+	got := series(t, reg)
+	if got[`sluice_rules_source_last_load_seconds{}`] < float64(time.Now().Add(-time.Minute).Unix()) || got[`sluice_rules_source_failures{}`] != 0 {
+		t.Fatalf("after a good load: %v", got)
+	}
+	fail.Store(true)
+	for range 2 {
+		_ = rl.Reload()
+	}
+	if got := series(t, reg)[`sluice_rules_source_failures{}`]; got != 2 {
+		t.Errorf("after two failed reads: failures %v, want 2", got)
 	}
 }
