@@ -37,6 +37,8 @@
 //	sluice.queue.waiting           Int64ObservableUpDownCounter  {request}                 sluice_queue_waiting
 //	sluice.concurrency.slots_held  Int64ObservableUpDownCounter  {slot}                    sluice_concurrency_slots_held
 //	sluice.rules.reloads           Int64Counter                  {reload}   result         sluice_rules_reloads_total
+//	sluice.rules.source.failures   Int64Gauge                    {read}                    sluice_rules_source_failures
+//	sluice.rules.source.last_load  Float64Gauge                  s                         sluice_rules_source_last_load_seconds
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -71,6 +73,7 @@ import (
 	"github.com/sluicehq/sluice/internal/labelcap"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/middleware/config"
 )
 
 // ScopeName is the instrumentation scope of the Meter a Metrics uses.
@@ -90,6 +93,8 @@ const (
 	QueueWaiting         = "sluice.queue.waiting"
 	ConcurrencySlotsHeld = "sluice.concurrency.slots_held"
 	RulesReloads         = "sluice.rules.reloads"
+	RulesSourceFailures  = "sluice.rules.source.failures"
+	RulesSourceLastLoad  = "sluice.rules.source.last_load"
 )
 
 // MetricNames lists the name of every instrument a Metrics creates.
@@ -106,6 +111,8 @@ var MetricNames = []string{
 	QueueWaiting,
 	ConcurrencySlotsHeld,
 	RulesReloads,
+	RulesSourceFailures,
+	RulesSourceLastLoad,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -196,6 +203,8 @@ type Metrics struct {
 	batchSize     metric.Int64Histogram
 	denyHits      metric.Int64Counter
 	reloads       metric.Int64Counter
+	srcFailures   metric.Int64Gauge
+	srcLoaded     metric.Float64Gauge
 	reloadOK      []metric.AddOption
 	reloadErr     []metric.AddOption
 
@@ -279,6 +288,12 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.reloads, err = meter.Int64Counter(RulesReloads, metric.WithUnit("{reload}"),
 		metric.WithDescription("Reloads of the rules tried, by result: ok when the new rules are in force, error when the previous ones stay."))
 	check(err)
+	m.srcFailures, err = meter.Int64Gauge(RulesSourceFailures, metric.WithUnit("{read}"),
+		metric.WithDescription("Reads of the rules source (config.Source) that failed in a row; 0 once it answers again."))
+	check(err)
+	m.srcLoaded, err = meter.Float64Gauge(RulesSourceLastLoad, metric.WithUnit("s"),
+		metric.WithDescription("Unix time, in seconds, of the last good load of the rules from their source."))
+	check(err)
 	m.breaker, err = meter.Int64ObservableGauge(CircuitBreakerOpen,
 		metric.WithDescription("1 while the circuit breaker of a rate limiter is open and its store is not called, 0 otherwise."))
 	check(err)
@@ -359,6 +374,17 @@ func (m *Metrics) ObserveReload(err error) {
 		m.reloads.Add(context.Background(), 1, m.reloadOK...)
 	} else {
 		m.reloads.Add(context.Background(), 1, m.reloadErr...)
+	}
+}
+
+// ObserveSourceStatus records the rules source's failures in a row and the
+// time of its last good load from st: use it as
+// config.SourceOptions.OnStatus (or call it from yours).
+func (m *Metrics) ObserveSourceStatus(st config.Status) {
+	ctx := context.Background()
+	m.srcFailures.Record(ctx, int64(st.Failures), m.baseRecord...)
+	if !st.LoadedAt.IsZero() {
+		m.srcLoaded.Record(ctx, float64(st.LoadedAt.UnixMilli())/1000, m.baseRecord...)
 	}
 }
 

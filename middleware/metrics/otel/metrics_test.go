@@ -348,6 +348,7 @@ func TestMetricNames(t *testing.T) {
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	m.StoreBatch(3)
+	m.ObserveSourceStatus(config.Status{Failures: 1, LoadedAt: time.Now()})
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
