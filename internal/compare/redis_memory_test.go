@@ -1,10 +1,8 @@
 package compare
 
 import (
-	"bufio"
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,31 +11,10 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// infoMemory returns the fields of INFO memory.
-func infoMemory(t *testing.T, c *redis.Client) map[string]int64 {
-	t.Helper()
-	s, err := c.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fields := map[string]int64{}
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			fields[k] = n
-		}
-	}
-	return fields
-}
-
 // dataMemory is used_memory less the memory of client connections
 // (mem_clients_normal), whose buffers come and go with the traffic.
 func dataMemory(t *testing.T, c *redis.Client) int64 {
-	m := infoMemory(t, c)
+	m := redistest.InfoMemory(t, c)
 	used, ok := m["used_memory"]
 	if !ok {
 		t.Fatal("INFO memory has no used_memory")

@@ -1,11 +1,9 @@
 package redisstore
 
 import (
-	"bufio"
 	"context"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,21 +147,7 @@ func errString(err error) string {
 // (mem_clients_normal), whose buffers come and go with the traffic.
 func dataMemory(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
-	s, err := c.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fields := map[string]int64{}
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			fields[k] = n
-		}
-	}
+	fields := redistest.InfoMemory(t, c)
 	used, ok := fields["used_memory"]
 	if !ok {
 		t.Fatal("INFO memory has no used_memory")
