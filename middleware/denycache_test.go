@@ -32,7 +32,10 @@ func TestDenyCacheShieldsRedis(t *testing.T) {
 	srv := redistest.Standalone(t) // its own server: its command counts are this test's
 	admin := srv.Client(t, nil)
 	run := func(t *testing.T, opts ...middleware.Option) (calls, admitted int) {
-		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+		// MaxBatch 1: one script run per decision, so that the server's
+		// count of scripts counts the decisions that reached it (batches
+		// of several decisions run as one script).
+		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{PoolSize: 128}), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second, MaxBatch: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

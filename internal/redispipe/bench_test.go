@@ -66,7 +66,7 @@ func BenchmarkDecisions(b *testing.B) {
 				{"redispipe/inflight=1", pipelined(client, Config{MaxInFlight: 1, StallThreshold: -1}, nil)},
 				{"redispipe/inflight=2", pipelined(client, Config{MaxInFlight: 2, StallThreshold: -1}, nil)},
 				{"redispipe/inflight=4", pipelined(client, Config{MaxInFlight: 4, StallThreshold: -1}, nil)},
-				{"batchscript/inflight=1", pipelined(client, Config{MaxInFlight: 1, StallThreshold: -1}, sendCombined)},
+
 				{"redispipe/inflight=1/stall=adaptive", pipelined(client, Config{MaxInFlight: 1}, nil)},
 			}
 			for _, g := range []int{1, 64} {

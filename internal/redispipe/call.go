@@ -25,15 +25,24 @@ import (
 type call struct {
 	script *scriptInfo
 	// args is the whole command: EVALSHA, the hash, the number of keys,
-	// the keys, then the arguments.
+	// the keys, then the arguments; for a batch script, the arguments
+	// start with the batch protocol's header for one call (1, the number
+	// of keys, the number of arguments).
 	args  []any
 	nkeys int
+	// nargs is the number of the caller's arguments.
+	nargs int
+	// slot is the hash slot of the first key, on a Cluster.
+	slot int
 	// deadline is the caller's deadline, if it has one.
 	deadline    time.Time
 	hasDeadline bool
 
 	// cmd is the command of the latest attempt; only the lane touches it.
+	// Several calls of a batch script may share one; idx is then the
+	// call's place in its reply.
 	cmd *redis.Cmd
+	idx int
 
 	state atomic.Uint32
 	refs  atomic.Int32
@@ -54,10 +63,13 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 func newCall(ctx context.Context, script *redis.Script, keys []string, args []any) *call {
 	c := callPool.Get().(*call)
 	c.script = infoOf(script)
-	c.nkeys = len(keys)
+	c.nkeys, c.nargs = len(keys), len(args)
 	c.args = append(c.args, "evalsha", c.script.shaArg, len(keys))
 	for _, k := range keys {
 		c.args = append(c.args, k)
+	}
+	if c.script.batch {
+		c.args = append(c.args, 1, len(keys), len(args))
 	}
 	for _, a := range args {
 		if b, ok := a.([]byte); ok {
@@ -81,8 +93,69 @@ func (c *call) keys() []string {
 	return keys
 }
 
-// userArgs returns the call's script arguments.
+// userArgs returns the call's script arguments, as sent for the call on
+// its own (with the batch protocol's header, for a batch script).
 func (c *call) userArgs() []any { return c.args[3+c.nkeys:] }
+
+// ownArgs returns the caller's arguments.
+func (c *call) ownArgs() []any { return c.args[len(c.args)-c.nargs:] }
+
+// setCmd gives the call a command of its own.
+func (c *call) setCmd(ctx context.Context) {
+	c.cmd, c.idx = redis.NewCmd(ctx, c.args...), 0
+}
+
+// result returns the call's reply, or its error, from its command.
+func (c *call) result() (any, error) {
+	val, err := c.cmd.Result()
+	if err != nil || !c.script.batch {
+		return val, err
+	}
+	return subReply(val, c.idx)
+}
+
+// subReply returns the i-th reply of the reply val of a batch script, as
+// Cmd.Result would return it for a script of its own.
+func subReply(val any, i int) (any, error) {
+	list, ok := val.([]any)
+	if !ok || i >= len(list) {
+		return nil, fmt.Errorf("redispipe: a batch script's reply has no reply %d: %.100v", i+1, val)
+	}
+	switch v := list[i].(type) {
+	case nil:
+		return nil, redis.Nil
+	case error:
+		return nil, v
+	default:
+		return v, nil
+	}
+}
+
+// mergeCmd gives the calls of group, all of one batch script, one command
+// that runs them together.
+func mergeCmd(ctx context.Context, group []*call) {
+	nk, na := 0, 0
+	for _, c := range group {
+		nk += c.nkeys
+		na += c.nargs
+	}
+	args := make([]any, 0, 4+nk+2*len(group)+na)
+	args = append(args, "evalsha", group[0].script.shaArg, nk)
+	for _, c := range group {
+		args = append(args, c.args[3:3+c.nkeys]...)
+	}
+	args = append(args, len(group))
+	for _, c := range group {
+		args = append(args, c.nkeys, c.nargs)
+	}
+	for _, c := range group {
+		args = append(args, c.ownArgs()...)
+	}
+	cmd := redis.NewCmd(ctx, args...)
+	for i, c := range group {
+		c.cmd, c.idx = cmd, i
+	}
+}
 
 // isPending reports whether nobody has completed the call yet.
 func (c *call) isPending() bool { return c.state.Load() == pending }
@@ -121,7 +194,7 @@ func (c *call) release() {
 	}
 	clear(c.args)
 	c.args = c.args[:0]
-	c.script, c.cmd, c.val, c.err = nil, nil, nil, nil
+	c.script, c.cmd, c.val, c.err, c.idx = nil, nil, nil, nil, 0
 	c.deadline, c.hasDeadline = time.Time{}, false
 	c.state.Store(pending)
 	callPool.Put(c)

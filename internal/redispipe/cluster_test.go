@@ -61,7 +61,7 @@ func TestClusterRouting(t *testing.T) {
 	cl := redistest.SharedCluster(t)
 	prefix := cl.Prefix(t)
 	h := &pipeCounter{}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 128, ContextTimeoutEnabled: true})
 	defer cc.Close()
 	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
 	p := newPipeliner(t, cc, Config{StallThreshold: testStall})

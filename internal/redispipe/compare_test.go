@@ -53,6 +53,15 @@ func TestCompare(t *testing.T) {
 				return err
 			}
 		}
+		// The same decisions by the batch twin of the script: the calls
+		// of a batch to one server (one slot, on a Cluster) run as one.
+		batchPipe := func(cfg Config) runner {
+			p := newPipeliner(t, client, cfg)
+			return func(ctx context.Context, key string) error {
+				_, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...)
+				return err
+			}
+		}
 		variants := []struct {
 			name string
 			run  runner
@@ -66,7 +75,7 @@ func TestCompare(t *testing.T) {
 			{"redispipe, 1 in flight", pipe(Config{MaxInFlight: 1, StallThreshold: -1}, nil)},
 			{"redispipe, 2 in flight", pipe(Config{MaxInFlight: 2, StallThreshold: -1}, nil)},
 			{"redispipe, 4 in flight", pipe(Config{MaxInFlight: 4, StallThreshold: -1}, nil)},
-			{"batch script, 1 in flight", pipe(Config{MaxInFlight: 1, StallThreshold: -1}, sendCombined)},
+			{"batch script, 2 in flight", batchPipe(Config{StallThreshold: -1})},
 			{"redispipe defaults (adaptive stall)", pipe(Config{}, nil)},
 		}
 		for _, g := range []int{1, 64} {

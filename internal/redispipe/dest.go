@@ -2,7 +2,10 @@ package redispipe
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,7 +53,14 @@ type dest struct {
 	// goroutine reports them.
 	events     []event
 	delivering bool
+
+	// directs counts the direct calls in flight (see tryDirect); guarded
+	// by mu.
+	directs int
 }
+
+// setClient makes c the client of the destination.
+func (d *dest) setClient(c *redis.Client) { d.client.Store(c) }
 
 // event is a state change for Config.OnStateChange.
 type event struct {
@@ -62,7 +72,7 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	// Until batches tell what is usual, the adaptive stall threshold
 	// starts high (MaxStallThreshold) and comes down as the peak decays.
 	d := &dest{p: p, name: name, peak: (MaxStallThreshold - MinStallThreshold) / 2, peakAt: time.Now()}
-	d.client.Store(c)
+	d.setClient(c)
 	d.cond.L = &d.mu
 	d.mu.Lock()
 	for range p.cfg.MaxInFlight {
@@ -149,8 +159,8 @@ type lane struct {
 	// timer calls onTimer when the batch in flight reaches its stall
 	// threshold.
 	timer *time.Timer
-	// sent is scratch space for exec.
-	sent []*call
+	// sent and group are scratch space for exec.
+	sent, group []*call
 }
 
 // startLaneLocked starts a lane.
@@ -293,10 +303,7 @@ func (l *lane) exec(batch []*call) bool {
 	}
 	client := d.client.Load()
 	pipe := client.Pipeline()
-	for _, c := range sent {
-		c.cmd = redis.NewCmd(ctx, c.args...)
-		_ = pipe.Process(ctx, c.cmd)
-	}
+	l.group = d.p.commands(ctx, pipe, sent, l.group)
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
 		d.markDown(err)
@@ -318,7 +325,7 @@ func (l *lane) exec(batch []*call) bool {
 func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
 	var noscript, redirect []*call
 	for _, c := range sent {
-		val, err := c.cmd.Result()
+		val, err := c.result()
 		switch {
 		case err == nil || !isRedisError(err):
 			c.complete(val, err)
@@ -354,7 +361,7 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 			// for the script's hash.
 			pipe.ScriptLoad(ctx, c.script.src)
 		}
-		c.cmd = redis.NewCmd(ctx, c.args...)
+		c.setCmd(ctx)
 		_ = pipe.Process(ctx, c.cmd)
 	}
 	if len(loaded) == 0 {
@@ -369,7 +376,7 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 		if !c.isPending() {
 			continue
 		}
-		val, err := c.cmd.Result()
+		val, err := c.result()
 		switch {
 		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			// Someone flushed the cache between SCRIPT LOAD and
@@ -384,11 +391,11 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 	if len(again) > 0 {
 		pipe := client.Pipeline()
 		for _, c := range again {
-			c.cmd = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...)
+			c.cmd, c.idx = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range again {
-			c.complete(c.cmd.Result())
+			c.complete(c.result())
 		}
 	}
 	return redirect
@@ -401,4 +408,128 @@ func containsScript(list []*scriptInfo, s *scriptInfo) bool {
 		}
 	}
 	return false
+}
+
+// commands gives each call of sent a command and queues the commands on
+// pipe. The calls of one batch script (of one hash slot, on a Cluster)
+// share one command. group is scratch space, returned for reuse.
+func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, group []*call) []*call {
+	for _, c := range sent {
+		c.cmd = nil
+	}
+	for i, c := range sent {
+		if c.cmd != nil {
+			continue // merged into an earlier call's command
+		}
+		if !c.script.batch {
+			c.setCmd(ctx)
+			_ = pipe.Process(ctx, c.cmd)
+			continue
+		}
+		group = append(group[:0], c)
+		slot := -1
+		if p.kind == kindCluster {
+			slot = c.slot
+		}
+		for _, o := range sent[i+1:] {
+			if o.cmd == nil && o.script == c.script && (slot < 0 || o.slot == slot) {
+				group = append(group, o)
+			}
+		}
+		if len(group) == 1 {
+			c.setCmd(ctx)
+		} else {
+			mergeCmd(ctx, group)
+		}
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	clear(group)
+	return group[:0]
+}
+
+// tryDirect reports whether a call with ctx may be sent by its caller
+// itself, and if so counts it in flight. That is the case when the
+// destination is idle (up, with nothing queued or in flight), so that
+// there is nothing to batch the call with: sending it from the caller's
+// goroutine saves handing it to a lane and the reply back, which on an
+// idle machine is most of the latency that the pipeline adds to a round
+// trip. A direct call gives up after directTimeout (see runDirect); with a
+// client that does not honour context deadlines, the caller's deadline
+// must leave room for that twice (a write and a read), and without
+// directTimeout (stall detection off) only callers without a deadline
+// may call directly.
+func (d *dest) tryDirect(ctx context.Context) bool {
+	p := d.p
+	if p.noDirect || p.send != nil {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && !d.client.Load().Options().ContextTimeoutEnabled {
+		if p.directTimeout <= 0 || time.Until(dl) < 2*p.directTimeout {
+			return false
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.down || d.directs > 0 || len(d.queue) > 0 {
+		return false
+	}
+	for _, l := range d.lanes {
+		if l.busy {
+			return false
+		}
+	}
+	d.directs++
+	d.lastUse = time.Now()
+	return true
+}
+
+// runDirect sends c, for which tryDirect said yes, from the caller's
+// goroutine and returns its outcome. Calls that arrive meanwhile queue for
+// the lanes. A connection error or a read that stalls marks the
+// destination down, as from a lane.
+func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
+	client := d.client.Load()
+	// A direct call ends within its caller's deadline, and within
+	// directTimeout, as a stalled batch would.
+	run := ctx
+	if t := d.p.directTimeout; t > 0 {
+		if client.Options().ContextTimeoutEnabled {
+			var cancel context.CancelFunc
+			run, cancel = context.WithTimeout(ctx, t)
+			defer cancel()
+		} else {
+			// go-redis waits for a reply for ReadTimeout whatever the
+			// context, then tries again: the call goes through a clone
+			// that shares the client's pool but gives up after t, once.
+			// (go-redis gives a clone none of the client's hooks.)
+			client = client.WithTimeout(t)
+			client.Options().MaxRetries = 0
+		}
+	}
+	if fn := d.p.cfg.OnBatch; fn != nil {
+		fn(1)
+	}
+	c.setCmd(run)
+	start := time.Now()
+	err := client.Process(run, c.cmd)
+	end := time.Now()
+	d.mu.Lock()
+	d.directs--
+	d.observeLocked(end.Sub(start), end)
+	d.mu.Unlock()
+	var ne net.Error
+	stalled := (errors.As(err, &ne) && ne.Timeout()) || (run != ctx && run.Err() != nil && ctx.Err() == nil)
+	if (stalled || isConnError(err)) && d.p.ctx.Err() == nil {
+		cause := err
+		if stalled {
+			cause = fmt.Errorf("%w: a call outstanding for %s: %w", ErrStalled, end.Sub(start).Round(time.Millisecond), err)
+		}
+		d.markDown(cause)
+		c.complete(nil, &unavailableError{dest: d.name, cause: cause})
+	} else {
+		one := [1]*call{c}
+		d.finish(ctx, client, one[:])
+	}
+	c.release() // the destination's reference
+	return c.wait(ctx)
 }

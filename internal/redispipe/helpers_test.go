@@ -147,12 +147,18 @@ func newPipeliner(t testing.TB, c redis.Scripter, cfg Config) *Pipeliner {
 
 // pipeCounter is a go-redis hook that records the number of script calls
 // (EVAL or EVALSHA) of every pipeline that has some, and the number of
-// single commands sent. (go-redis sends a pipeline of its own when it opens
-// a connection.)
+// other single commands sent. (go-redis sends a pipeline of its own when it
+// opens a connection.) A script sent on its own (a direct call) counts as a
+// pipeline of one. go-redis gives none of a client's hooks to the clones
+// through which direct calls go when the client has no
+// ContextTimeoutEnabled, so tests that count calls use clients that have it.
 type pipeCounter struct {
 	mu     sync.Mutex
 	sizes  []int
 	single int
+	// alone counts the script calls sent on their own (also counted as
+	// pipelines of one).
+	alone int
 	// fail, if not nil, decides whether a pipeline fails without being
 	// sent, and with which error.
 	fail func(cmds []redis.Cmder) error
@@ -162,6 +168,15 @@ func (h *pipeCounter) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			// A direct call: a pipeline of one.
+			h.mu.Lock()
+			h.alone++
+			h.mu.Unlock()
+			return h.ProcessPipelineHook(func(ctx context.Context, cmds []redis.Cmder) error {
+				return next(ctx, cmds[0])
+			})(ctx, []redis.Cmder{cmd})
+		}
 		h.mu.Lock()
 		h.single++
 		h.mu.Unlock()

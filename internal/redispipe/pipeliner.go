@@ -17,6 +17,23 @@
 // next batch. There is no timer: a call to an idle destination leaves at
 // once, and batches grow only when calls arrive faster than round trips end.
 //
+// The calls of a batch that run a script made with NewBatchScript are
+// merged: those for one destination (and one hash slot, on a Cluster) go
+// as one EVALSHA, which the script decides in one run, with one reading of
+// the server's clock; each call still gets its own reply or error. One run
+// for many decisions costs the server much less than one run each.
+//
+// A call for a destination that is idle (up, nothing queued, no batch in
+// flight) is sent by its caller itself, saving the hand-off to a lane and
+// back, which is most of what the pipeline would add to the round trip of
+// one call at a time. A direct call gives up after the stall threshold
+// (MaxStallThreshold when it is adaptive) and marks the destination down,
+// as a lane does, whatever the client's ReadTimeout: with a client without
+// Options.ContextTimeoutEnabled it goes through a clone of the client
+// (Client.WithTimeout) that shares its pool, to which go-redis gives none
+// of the client's hooks, and only when the caller's deadline leaves room
+// for twice the stall threshold.
+//
 // A script missing from a server's cache (NOSCRIPT) is loaded there with
 // SCRIPT LOAD and the call is sent again in the same step, so a cold cache
 // never fails a call. On a Cluster, a call answered with MOVED, ASK,
@@ -172,8 +189,15 @@ type Pipeliner struct {
 	wg     sync.WaitGroup
 
 	// send, if not nil, replaces the way a lane sends a batch and reports
-	// whether the server answered; the benchmarks of alternatives set it.
+	// whether the server answered; the benchmarks of alternatives set it,
+	// which also turns direct calls off.
 	send func(d *dest, ctx context.Context, sent []*call) bool
+	// noDirect turns direct calls off (see tryDirect).
+	noDirect bool
+	// directTimeout bounds the network reads and writes of a direct call;
+	// zero means that direct calls are made only when go-redis honours
+	// the caller's deadline itself.
+	directTimeout time.Duration
 
 	// redirects sends again the calls that Cluster nodes turned away.
 	redirects redirector
@@ -205,6 +229,12 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 		return nil, fmt.Errorf("redispipe: MaxProbeInterval %s is shorter than ProbeInterval %s", cfg.MaxProbeInterval, cfg.ProbeInterval)
 	}
 	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest)}
+	switch t := cfg.StallThreshold; {
+	case t > 0:
+		p.directTimeout = t
+	case t == 0:
+		p.directTimeout = MaxStallThreshold
+	}
 	switch c := client.(type) {
 	case *redis.Client:
 		if c == nil {
@@ -269,6 +299,12 @@ func (p *Pipeliner) Run(ctx context.Context, script *redis.Script, keys []string
 		return nil, err
 	}
 	c := newCall(ctx, script, keys, args)
+	if p.kind == kindCluster {
+		c.slot = Slot(keys[0])
+	}
+	if d.tryDirect(ctx) {
+		return d.runDirect(ctx, c)
+	}
 	if err := d.enqueue(c); err != nil {
 		c.release()
 		c.release()
@@ -318,7 +354,7 @@ func (p *Pipeliner) destFor(c *redis.Client) (*dest, error) {
 		d = newDest(p, name, c)
 		p.byName[name] = d
 	} else {
-		d.client.Store(c)
+		d.setClient(c)
 	}
 	p.byClient.Store(c, d)
 	return d, nil

@@ -80,7 +80,7 @@ func TestBatching(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
 	prefix := srv.Prefix(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 128})
+	c := srv.Client(t, &redis.Options{PoolSize: 128, ContextTimeoutEnabled: true})
 	h := &pipeCounter{}
 	c.AddHook(h)
 	const maxBatch = 16
@@ -311,7 +311,7 @@ func TestFailedBatch(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
 	prefix := srv.Prefix(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 128})
+	c := srv.Client(t, &redis.Options{PoolSize: 128, ContextTimeoutEnabled: true})
 	h := &pipeCounter{}
 	var mu sync.Mutex
 	doomed := map[string]bool{} // keys of failed pipelines

@@ -96,7 +96,7 @@ func (r *redirector) send(batch []*call) {
 		if !c.isPending() {
 			continue
 		}
-		c.cmd = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...)
+		c.cmd, c.idx = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0
 		n++
 		if !c.hasDeadline {
 			all = false
@@ -115,7 +115,7 @@ func (r *redirector) send(batch []*call) {
 	_, _ = pipe.Exec(ctx)
 	for _, c := range batch {
 		if c.isPending() {
-			c.complete(c.cmd.Result())
+			c.complete(c.result())
 		}
 	}
 }

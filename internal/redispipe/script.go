@@ -19,6 +19,34 @@ type scriptInfo struct {
 	sha    string
 	// shaArg is sha boxed once, as a command argument.
 	shaArg any
+	// batch is set for scripts made with NewBatchScript, which speak the
+	// batch protocol.
+	batch bool
+}
+
+// batchScripts holds the scripts made with NewBatchScript.
+var batchScripts sync.Map // *redis.Script → struct{}
+
+// NewBatchScript returns a script whose calls a Pipeliner may merge: the
+// calls of one batch that go to the same server (and, on a Cluster, the
+// same hash slot) are sent as one EVALSHA, so that the server runs the
+// script once for all of them. src must speak this protocol:
+//
+//   - KEYS holds the keys of every call, one call after the other;
+//   - ARGV[1] is the number of calls n, ARGV[2i] and ARGV[2i+1] the number
+//     of keys and of arguments of call i (1 <= i <= n), and the arguments
+//     of every call follow, one call after the other, from ARGV[2n+2] on;
+//   - the reply is an array of n replies, the i-th being call i's: its
+//     value, or an error reply ({err = "..."}) that fails call i alone.
+//
+// A call on its own is sent the same way, with n = 1. Run returns each
+// call's own reply, as for any script. The script must read the server's
+// clock (TIME) once per run at most, and decide each call as though it ran
+// on its own, which is what makes merging calls invisible to them.
+func NewBatchScript(src string) *redis.Script {
+	s := redis.NewScript(src)
+	batchScripts.Store(s, struct{}{})
+	return s
 }
 
 // scripts caches the scriptInfo of every script run.
@@ -35,7 +63,8 @@ func infoOf(s *redis.Script) *scriptInfo {
 	s.Eval(context.Background(), &r, nil)
 	sum := sha1.Sum([]byte(r.src))
 	sha := hex.EncodeToString(sum[:])
-	info := &scriptInfo{script: s, src: r.src, sha: sha, shaArg: sha}
+	_, batch := batchScripts.Load(s)
+	info := &scriptInfo{script: s, src: r.src, sha: sha, shaArg: sha, batch: batch}
 	v, _ := scripts.LoadOrStore(s, info)
 	return v.(*scriptInfo)
 }
@@ -68,4 +97,22 @@ func (r *srcRecorder) ScriptExists(ctx context.Context, _ ...string) *redis.Bool
 
 func (r *srcRecorder) ScriptLoad(ctx context.Context, _ string) *redis.StringCmd {
 	return redis.NewStringCmd(ctx)
+}
+
+// RunDirect runs script once through c, without a Pipeliner, and returns
+// its reply as Pipeliner.Run would: a script made with NewBatchScript is
+// sent as a batch of one call, and its call's own reply returned.
+func RunDirect(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args ...any) (any, error) {
+	info := infoOf(script)
+	if !info.batch {
+		return script.Run(ctx, c, keys, args...).Result()
+	}
+	all := make([]any, 0, 3+len(args))
+	all = append(all, 1, len(keys), len(args))
+	all = append(all, args...)
+	val, err := script.Run(ctx, c, keys, all...).Result()
+	if err != nil {
+		return val, err
+	}
+	return subReply(val, 0)
 }

@@ -7,6 +7,15 @@
 -- on the figures either. One run decides together the charges of every
 -- algorithm that a request names.
 --
+-- One run decides many requests, as redispipe.NewBatchScript describes:
+-- ARGV[1] is the number of requests, then come the numbers of keys and of
+-- arguments of each, then each request's arguments in turn; KEYS holds each
+-- request's keys in turn, and the reply is the array of each request's
+-- reply (or error reply). Requests are decided one after the other, each
+-- seeing what those before it wrote; every counter read is kept for the
+-- rest of the run, and written once at its end. The server's clock is read
+-- once, for the first request that needs it. For one request:
+--
 -- KEYS[i]  the bucket of charge i: a HASH holding the counters of many
 --          clients, one field per counter.
 -- ARGV[1]  now in Unix ms, or "" to read the server's clock (TIME).
@@ -86,17 +95,64 @@
 --     added (window.LogSummary: count, oldest, newest, retry_c, retry_1),
 --     and the instant it was decided at.
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(ARGV[1])
-end
-local charge = ARGV[2] == '1'
-local n = #KEYS
 local unpack, pack, byte, sub = struct.unpack, struct.pack, string.byte, string.sub
 local floor, min, max = math.floor, math.min, math.max
+-- now is the instant the request being decided is decided at; clock is
+-- the server's (TIME), read once per run, when a request first needs it.
+local now, clock
+-- Tables that every request reuses, since requests are decided one at a
+-- time: st (see decide), and total and link of a request with one charge.
+local stShared, total1, noLink = {}, {}, {}
+
+-- The counters that this run reads and writes, by field: val[f] is the
+-- value (false if none) of field f of bucket at[f]. Writes stay here, and
+-- are made once per counter when every request has been decided (flush):
+-- many requests for one hot counter then cost one HGET and one HSET. A
+-- field that two buckets of one run both have (a 96-bit collision across
+-- buckets) is read and written directly for the second one.
+local val, at, isDirty, dirty, ndirty = {}, {}, {}, {}, 0
+-- The buckets whose expiry is to be extended (pkeys, npk) and the TTL for
+-- each (ttlOf); the buckets sampled for expired counters in this run, and
+-- those of them that did not exist (fresh).
+local ttlOf, pkeys, npk, sampled, fresh = {}, {}, 0, {}, {}
+
+local function read(key, field)
+  local k = at[field]
+  if k == key then
+    return val[field]
+  end
+  local v = redis.call('HGET', key, field)
+  if k == nil then
+    at[field], val[field] = key, v
+  end
+  return v
+end
+
+local function write(key, field, value)
+  local k = at[field]
+  if k ~= nil and k ~= key then
+    redis.call('HSET', key, field, value)
+    return
+  end
+  at[field], val[field] = key, value
+  if not isDirty[field] then
+    isDirty[field] = true
+    ndirty = ndirty + 1
+    dirty[ndirty] = field
+  end
+end
+
+-- extend records that bucket key must live at least ttl ms more.
+local function extend(key, ttl)
+  local t = ttlOf[key]
+  if t == nil then
+    npk = npk + 1
+    pkeys[npk] = key
+    ttlOf[key] = ttl
+  elseif ttl > t then
+    ttlOf[key] = ttl
+  end
+end
 -- Helpers, made on first use: making these closures on every run would
 -- cost the sliding-window path a tenth of its time.
 --   rollToken(s, r0, level, rate, burst, win, r, w) is window.Limit.Roll
@@ -111,368 +167,420 @@ local floor, min, max = math.floor, math.min, math.max
 --     has stopped mattering at now; values of no known form are kept.
 local rollToken, leaving, expired
 
--- st[i]: {allowed, the 6 integers of the reply after it, cost, field,
--- code, absent, then what the write needs}
-local st = {}
-local all = true
-local a = 3
-for i = 1, n do
-  local field, code = ARGV[a], ARGV[a + 1]
-  local v = redis.call('HGET', KEYS[i], field)
-  local x
-  if code == '0' then
-    -- Sliding window: window.Roll and window.Fits.
-    local limit, w, r, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-    a = a + 6
-    local s, p, c, s0
-    if v and #v == 32 then
-      s, p, c = unpack('<dddd', v)
-      s0 = s
-    else
-      s, p, c, s0 = 0, 0, 0, -1
+-- decide decides the request whose keys follow KEYS[kb] and whose
+-- arguments follow ARGV[ab], with n keys, and returns its reply.
+local function decide(kb, n, ab)
+  if ARGV[ab + 1] == '' then
+    if not clock then
+      local t = redis.call('TIME')
+      clock = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
     end
-    local p0, c0 = p, c
-    local at = now
-    if p == 0 and c == 0 then
-      s = now
-    elseif now < s then
-      -- The clock went backwards: decide at the start of the stored window.
-      at = s
-    else
-      local k = floor((now - s) / w)
-      if k == 1 then
-        s, p, c = s + w, c, 0
-      elseif k >= 2 then
-        p, c = 0, 0
+    now = clock
+  else
+    now = tonumber(ARGV[ab + 1])
+  end
+  local charge = ARGV[ab + 2] == '1'
+
+  -- st[i]: {allowed, the 6 integers of the reply after it, cost, field,
+  -- code, absent, then what the write needs}
+  local st = stShared
+  local all = true
+  local a = ab + 3
+  for i = 1, n do
+    local field, code = ARGV[a], ARGV[a + 1]
+    local v = read(KEYS[kb + i], field)
+    local x
+    if code == '0' then
+      -- Sliding window: window.Roll and window.Fits.
+      local limit, w, r, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+      a = a + 6
+      local s, p, c, s0
+      if v and #v == 32 then
+        s, p, c = unpack('<dddd', v)
+        s0 = s
+      else
+        s, p, c, s0 = 0, 0, 0, -1
       end
+      local p0, c0 = p, c
+      local at = now
       if p == 0 and c == 0 then
         s = now
-      end
-    end
-    -- In ticks, with the counts capped at limit + 1.
-    local ticks = w / r
-    local e = floor((at - s) / r)
-    local ok = cost <= limit and
-      min(p, limit + 1) * (ticks - 1 - e) + (min(c, limit + 1) + cost) * ticks <= limit * ticks
-    x = {ok, s, p, c, s0, p0, c0, cost, field, code, s0 < 0, w}
-  elseif code == '3' or code == '5' then
-    -- Token bucket (internal/window/token.go), and the leaky bucket, which
-    -- is one whose level may hold the queue and may bound the wait
-    -- (leaky.go).
-    local rate, burst, win = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    local r, cost, wait = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), -1
-    if code == '5' then
-      wait, cost = cost, tonumber(ARGV[a + 7])
-      a = a + 8
-    else
-      a = a + 7
-    end
-    if not rollToken then
-      rollToken = function(s, r0, level, rate, burst, win, r, w)
-        local base = now - now % r
-        if level <= 0 then
-          return base, 0, now
+      elseif now < s then
+        -- The clock went backwards: decide at the start of the stored window.
+        at = s
+      else
+        local k = floor((now - s) / w)
+        if k == 1 then
+          s, p, c = s + w, c, 0
+        elseif k >= 2 then
+          p, c = 0, 0
         end
-        if r0 ~= r and r0 > 0 then
-          -- Counted in other ticks: whole tokens, rounded up, on the new
-          -- grid, as of the last instant the level is known to hold (the
-          -- end of its old tick, or now if sooner).
-          local ow = max(floor(win / r0), 1)
-          level = min(floor((level + ow - 1) / ow), burst + 1) * w
-          if base >= s then
-            s = min(s + r0 - 1, base)
+        if p == 0 and c == 0 then
+          s = now
+        end
+      end
+      -- In ticks, with the counts capped at limit + 1.
+      local ticks = w / r
+      local e = floor((at - s) / r)
+      local ok = cost <= limit and
+        min(p, limit + 1) * (ticks - 1 - e) + (min(c, limit + 1) + cost) * ticks <= limit * ticks
+      x = {ok, s, p, c, s0, p0, c0, cost, field, code, s0 < 0, w}
+    elseif code == '3' or code == '5' then
+      -- Token bucket (internal/window/token.go), and the leaky bucket, which
+      -- is one whose level may hold the queue and may bound the wait
+      -- (leaky.go).
+      local rate, burst, win = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      local r, cost, wait = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), -1
+      if code == '5' then
+        wait, cost = cost, tonumber(ARGV[a + 7])
+        a = a + 8
+      else
+        a = a + 7
+      end
+      if not rollToken then
+        rollToken = function(s, r0, level, rate, burst, win, r, w)
+          local base = now - now % r
+          if level <= 0 then
+            return base, 0, now
           end
-          s = s - s % r
+          if r0 ~= r and r0 > 0 then
+            -- Counted in other ticks: whole tokens, rounded up, on the new
+            -- grid, as of the last instant the level is known to hold (the
+            -- end of its old tick, or now if sooner).
+            local ow = max(floor(win / r0), 1)
+            level = min(floor((level + ow - 1) / ow), burst + 1) * w
+            if base >= s then
+              s = min(s + r0 - 1, base)
+            end
+            s = s - s % r
+          end
+          level = min(level, (burst + 1) * w)
+          if base < s then
+            -- The clock went backwards: decide at the level's instant.
+            return s, level, s
+          end
+          local elapsed = floor((base - s) / r)
+          if elapsed >= floor((level + rate - 1) / rate) then
+            level = 0
+          else
+            level = level - elapsed * rate
+          end
+          return base, level, now
         end
-        level = min(level, (burst + 1) * w)
-        if base < s then
-          -- The clock went backwards: decide at the level's instant.
-          return s, level, s
-        end
-        local elapsed = floor((base - s) / r)
-        if elapsed >= floor((level + rate - 1) / rate) then
-          level = 0
-        else
-          level = level - elapsed * rate
-        end
-        return base, level, now
       end
-    end
-    local w = win / r
-    local s0, r0, l0, exp0 = -1, 0, 0, -1
-    if v and #v == 27 and byte(v, 1) == 84 then
-      local _
-      _, exp0, s0, r0, l0 = unpack('<Bi6i6i6d', v)
-      if exp0 <= now then
-        -- Full again under the limit it was last charged with: forgotten,
-        -- whatever the refill of this limit (as in the memory store).
-        s0, r0, l0, exp0 = -1, 0, 0, -1
+      local w = win / r
+      local s0, r0, l0, exp0 = -1, 0, 0, -1
+      if v and #v == 27 and byte(v, 1) == 84 then
+        local _
+        _, exp0, s0, r0, l0 = unpack('<Bi6i6i6d', v)
+        if exp0 <= now then
+          -- Full again under the limit it was last charged with: forgotten,
+          -- whatever the refill of this limit (as in the memory store).
+          s0, r0, l0, exp0 = -1, 0, 0, -1
+        end
       end
-    end
-    local s, level = rollToken(s0, r0, l0, rate, burst, win, r, w)
-    local ok = cost <= burst and level + cost * w <= burst * w and (wait < 0 or level <= wait * rate)
-    -- The reply gives the stored expiry in place of the rolled tick, r.
-    x = {ok, s, exp0, level, s0, r0, l0, cost, field, code, s0 < 0,
-      exp0, rate, burst, win, w, r}
-  elseif code == '1' or code == '4' then
-    -- Fixed window (internal/window/fixed.go).
-    local limit, cost, win, b0, b1, b2, b3
-    if code == '1' then
-      limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-      a = a + 5
-    else
-      limit, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-      b0, b1 = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-      b2, b3 = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-      a = a + 8
-    end
-    local s0, e0, c0 = -1, 0, 0
-    if v and #v == 21 and byte(v, 1) == 70 then
-      local _
-      _, e0, s0, c0 = unpack('<Bi6i6d', v)
-    end
-    local s, e, c = s0, e0, c0
-    if c0 == 0 or now >= s0 then
-      -- The window that contains now (unless the clock went backwards
-      -- into an earlier window than the count's, which is kept).
-      local ws, we
+      local s, level = rollToken(s0, r0, l0, rate, burst, win, r, w)
+      local ok = cost <= burst and level + cost * w <= burst * w and (wait < 0 or level <= wait * rate)
+      -- The reply gives the stored expiry in place of the rolled tick, r.
+      x = {ok, s, exp0, level, s0, r0, l0, cost, field, code, s0 < 0,
+        exp0, rate, burst, win, w, r}
+    elseif code == '1' or code == '4' then
+      -- Fixed window (internal/window/fixed.go).
+      local limit, cost, win, b0, b1, b2, b3
       if code == '1' then
-        ws = now - now % win
-        we = ws + win
-      elseif now >= b1 and now < b2 then
-        ws, we = b1, b2
-      elseif now >= b2 and now < b3 then
-        ws, we = b2, b3
-      elseif now >= b0 and now < b1 then
-        ws, we = b0, b1
+        limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+        a = a + 5
       else
-        -- Nothing was written yet.
-        return redis.error_reply(string.format(
-          'ERR sluice: instant %.0f lies outside the calendar periods [%.0f, %.0f) ' ..
-          'worked out by the caller: its clock is more than a period away from ' ..
-          'the Redis server\'s', now, b0, b3))
+        limit, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+        b0, b1 = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+        b2, b3 = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+        a = a + 8
       end
-      if c0 == 0 or s0 ~= ws then
-        s, e, c = ws, we, 0
+      local s0, e0, c0 = -1, 0, 0
+      if v and #v == 21 and byte(v, 1) == 70 then
+        local _
+        _, e0, s0, c0 = unpack('<Bi6i6d', v)
       end
-    end
-    local ok = cost <= limit and c + cost <= limit
-    x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
-  elseif code == '2' then
-    -- Sliding log (internal/window/log.go).
-    local limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    a = a + 5
-    local at, count, first, len, exp0 = now, 0, 12, 0, -1
-    if v then
-      len = #v
-    end
-    if len >= 21 and (len - 11) % 10 == 0 and byte(v, 1) == 76 then
-      local _
-      _, exp0, count = unpack('<Bi6I4', v)
-      at = max(now, (unpack('<i6', v, len - 9)))
-      -- Drop the entries that have left the window.
-      local cut = at - win
-      while first <= len - 9 do
-        local t, m = unpack('<i6I4', v, first)
-        if t > cut then
-          break
+      local s, e, c = s0, e0, c0
+      if c0 == 0 or now >= s0 then
+        -- The window that contains now (unless the clock went backwards
+        -- into an earlier window than the count's, which is kept).
+        local ws, we
+        if code == '1' then
+          ws = now - now % win
+          we = ws + win
+        elseif now >= b1 and now < b2 then
+          ws, we = b1, b2
+        elseif now >= b2 and now < b3 then
+          ws, we = b2, b3
+        elseif now >= b0 and now < b1 then
+          ws, we = b0, b1
+        else
+          -- Nothing was written yet.
+          return redis.error_reply(string.format(
+            'ERR sluice: instant %.0f lies outside the calendar periods [%.0f, %.0f) ' ..
+            'worked out by the caller: its clock is more than a period away from ' ..
+            'the Redis server\'s', now, b0, b3))
         end
-        count = count - m
-        first = first + 10
-      end
-      if first > len or count < 0 then
-        count = 0
-        for p = first, len - 9, 10 do
-          local _, m = unpack('<i6I4', v, p)
-          count = count + m
+        if c0 == 0 or s0 ~= ws then
+          s, e, c = ws, we, 0
         end
       end
-    else
-      v, len = nil, 0
-    end
-    -- The summary (window.Summarize).
-    if not leaving then
-      leaving = function(v, first, need)
-        for p = first, #v - 9, 10 do
-          local t, m = unpack('<i6I4', v, p)
-          need = need - m
-          if need <= 0 then
-            return t
+      local ok = cost <= limit and c + cost <= limit
+      x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
+    elseif code == '2' then
+      -- Sliding log (internal/window/log.go).
+      local limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      a = a + 5
+      local at, count, first, len, exp0 = now, 0, 12, 0, -1
+      if v then
+        len = #v
+      end
+      if len >= 21 and (len - 11) % 10 == 0 and byte(v, 1) == 76 then
+        local _
+        _, exp0, count = unpack('<Bi6I4', v)
+        at = max(now, (unpack('<i6', v, len - 9)))
+        -- Drop the entries that have left the window.
+        local cut = at - win
+        while first <= len - 9 do
+          local t, m = unpack('<i6I4', v, first)
+          if t > cut then
+            break
+          end
+          count = count - m
+          first = first + 10
+        end
+        if first > len or count < 0 then
+          count = 0
+          for p = first, len - 9, 10 do
+            local _, m = unpack('<i6I4', v, p)
+            count = count + m
           end
         end
-        return -1
-      end
-    end
-    local oldest, newest, retryc, retry1 = 0, 0, -1, -1
-    if first <= len - 9 then
-      oldest, newest = unpack('<i6', v, first), unpack('<i6', v, len - 9)
-    end
-    local need = count + cost - limit
-    if need > 0 and cost <= limit then
-      retryc = leaving(v, first, need)
-    end
-    need = count + 1 - limit
-    if need > 0 then
-      retry1 = leaving(v, first, need)
-    end
-    local ok = cost <= limit and count + cost <= limit
-    x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
-      exp0, v, first, win}
-  else
-    return redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
-  end
-  st[i] = x
-  all = all and x[1]
-end
-
-if charge and all then
-  -- One write per counter, with every cost charged to it: the first charge
-  -- of a counter writes the total; link chains the others.
-  local total, link = {}, {}
-  if n == 1 then
-    total[1] = st[1][8]
-  else
-    local first, last = {}, {}
-    for i = 1, n do
-      local id = KEYS[i] .. '\0' .. st[i][9]
-      local j = first[id]
-      if j == nil then
-        first[id] = i
-        total[i] = st[i][8]
       else
-        total[j] = total[j] + st[i][8]
-        link[last[id]] = i
+        v, len = nil, 0
       end
-      last[id] = i
+      -- The summary (window.Summarize).
+      if not leaving then
+        leaving = function(v, first, need)
+          for p = first, #v - 9, 10 do
+            local t, m = unpack('<i6I4', v, p)
+            need = need - m
+            if need <= 0 then
+              return t
+            end
+          end
+          return -1
+        end
+      end
+      local oldest, newest, retryc, retry1 = 0, 0, -1, -1
+      if first <= len - 9 then
+        oldest, newest = unpack('<i6', v, first), unpack('<i6', v, len - 9)
+      end
+      local need = count + cost - limit
+      if need > 0 and cost <= limit then
+        retryc = leaving(v, first, need)
+      end
+      need = count + 1 - limit
+      if need > 0 then
+        retry1 = leaving(v, first, need)
+      end
+      local ok = cost <= limit and count + cost <= limit
+      x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
+        exp0, v, first, win}
+    else
+      return redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
+    end
+    st[i] = x
+    all = all and x[1]
+  end
+
+  if charge and all then
+    -- One write per counter, with every cost charged to it: the first charge
+    -- of a counter writes the total; link chains the others.
+    local total, link = total1, noLink
+    if n > 1 then
+      total, link = {}, {}
+    end
+    if n == 1 then
+      total[1] = st[1][8]
+    else
+      local first, last = {}, {}
+      for i = 1, n do
+        local id = KEYS[kb + i] .. '\0' .. st[i][9]
+        local j = first[id]
+        if j == nil then
+          first[id] = i
+          total[i] = st[i][8]
+        else
+          total[j] = total[j] + st[i][8]
+          link[last[id]] = i
+        end
+        last[id] = i
+      end
+    end
+    -- fresh[key]: the bucket did not exist before this request.
+    for i = 1, n do
+      local x = st[i]
+      local tot = total[i]
+      if tot and tot > 0 then
+        local key, field, code = KEYS[kb + i], x[9], x[10]
+        if x[11] and not sampled[key] then
+          -- A new counter: drop up to two expired counters of other clients.
+          -- An empty sample means a new bucket.
+          sampled[key] = true
+          if not expired then
+            expired = function(sv)
+              local len = #sv
+              if len == 32 then
+                local ss, _, _, sw = unpack('<dddd', sv)
+                return ss + 2 * sw <= now
+              end
+              local tag = byte(sv, 1)
+              if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
+                (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
+                return unpack('<i6', sv, 2) <= now
+              end
+              return false
+            end
+          end
+          local sample = redis.call('HRANDFIELD', key, 2, 'WITHVALUES')
+          fresh[key] = #sample == 0
+          for j = 1, #sample, 2 do
+            local f = sample[j]
+            if f ~= field and expired(sample[j + 1]) then
+              redis.call('HDEL', key, f)
+              if at[f] == key and not isDirty[f] then
+                val[f] = false
+              end
+            end
+          end
+        end
+        -- exp: the counter's new expiry, if it may extend the bucket's.
+        local value, exp
+        if code == '0' then
+          local w = x[12]
+          value = pack('<dddd', x[2], x[3], x[4] + tot, w)
+          if x[2] ~= x[5] then
+            -- A new window (or counter): it matters for the rest of it plus
+            -- the next one (window.Expiry).
+            exp = x[2] + 2 * w
+          end
+        elseif code == '3' or code == '5' then
+          -- The charges of this counter in turn, each rolling the level
+          -- under its own limit before adding its cost.
+          local s, r, level, last
+          local j = i
+          while j do
+            local y = st[j]
+            if y[8] > 0 then
+              if last then
+                s, level = rollToken(s, r, level, y[13], y[14], y[15], y[17], y[16])
+              else
+                s, level = y[2], y[4]
+              end
+              r = y[17]
+              level = level + y[8] * y[16]
+              last = y
+            end
+            j = link[j]
+          end
+          -- A refill beyond year 6429 (an enormous capacity refilled very
+          -- slowly) is stored as then.
+          local e = min(s + floor((level + last[13] - 1) / last[13]) * r, 140737488355327)
+          value = pack('<Bi6i6i6d', 84, e, s, r, level)
+          -- The expiry of a bucket or a log moves on with every charge: the
+          -- bucket's is rounded up to a whole number of windows, and
+          -- extended only when that moves, which keeps an idle bucket at
+          -- most a window longer.
+          local g, e0 = x[15], x[12]
+          e = e + (g - e % g) % g
+          if e0 < 0 or e > e0 + (g - e0 % g) % g then
+            exp = e
+          end
+        elseif code == '2' then
+          -- The entries left in the window (from byte p of v), and the
+          -- request's, merged into the newest if it has the same instant:
+          -- built in one concatenation, since a log may be long.
+          local at, win, v, p = x[7], x[15], x[13], x[14]
+          local head = pack('<Bi6I4', 76, at + win, x[2] + tot)
+          if not v or p > #v - 9 then
+            value = head .. pack('<i6I4', at, tot)
+          elseif x[4] == at then
+            local _, m = unpack('<i6I4', v, #v - 9)
+            value = head .. sub(v, p, -11) .. pack('<i6I4', at, m + tot)
+          else
+            value = head .. sub(v, p) .. pack('<i6I4', at, tot)
+          end
+          local e, e0 = at + win, x[12]
+          e = e + (win - e % win) % win
+          if e0 < 0 or e > e0 + (win - e0 % win) % win then
+            exp = e
+          end
+        else
+          value = pack('<Bi6i6d', 70, x[12], x[2], x[4] + tot)
+          if x[2] ~= x[5] then
+            exp = x[12]
+          end
+        end
+        write(key, field, value)
+        if exp then
+          extend(key, max(1, exp - now))
+        end
+      end
     end
   end
-  -- fresh[key]: the bucket did not exist before this request.
-  local sampled, fresh = {}, {}
+
+  local out = {all and 1 or 0, now}
   for i = 1, n do
     local x = st[i]
-    local tot = total[i]
-    if tot and tot > 0 then
-      local key, field, code = KEYS[i], x[9], x[10]
-      if x[11] and not sampled[key] then
-        -- A new counter: drop up to two expired counters of other clients.
-        -- An empty sample means a new bucket.
-        sampled[key] = true
-        if not expired then
-          expired = function(sv)
-            local len = #sv
-            if len == 32 then
-              local ss, _, _, sw = unpack('<dddd', sv)
-              return ss + 2 * sw <= now
-            end
-            local tag = byte(sv, 1)
-            if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
-              (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
-              return unpack('<i6', sv, 2) <= now
-            end
-            return false
-          end
-        end
-        local sample = redis.call('HRANDFIELD', key, 2, 'WITHVALUES')
-        fresh[key] = #sample == 0
-        for j = 1, #sample, 2 do
-          if sample[j] ~= field and expired(sample[j + 1]) then
-            redis.call('HDEL', key, sample[j])
-          end
-        end
-      end
-      -- exp: the counter's new expiry, if it may extend the bucket's.
-      local value, exp
-      if code == '0' then
-        local w = x[12]
-        value = pack('<dddd', x[2], x[3], x[4] + tot, w)
-        if x[2] ~= x[5] then
-          -- A new window (or counter): it matters for the rest of it plus
-          -- the next one (window.Expiry).
-          exp = x[2] + 2 * w
-        end
-      elseif code == '3' or code == '5' then
-        -- The charges of this counter in turn, each rolling the level
-        -- under its own limit before adding its cost.
-        local s, r, level, last
-        local j = i
-        while j do
-          local y = st[j]
-          if y[8] > 0 then
-            if last then
-              s, level = rollToken(s, r, level, y[13], y[14], y[15], y[17], y[16])
-            else
-              s, level = y[2], y[4]
-            end
-            r = y[17]
-            level = level + y[8] * y[16]
-            last = y
-          end
-          j = link[j]
-        end
-        -- A refill beyond year 6429 (an enormous capacity refilled very
-        -- slowly) is stored as then.
-        local e = min(s + floor((level + last[13] - 1) / last[13]) * r, 140737488355327)
-        value = pack('<Bi6i6i6d', 84, e, s, r, level)
-        -- The expiry of a bucket or a log moves on with every charge: the
-        -- bucket's is rounded up to a whole number of windows, and
-        -- extended only when that moves, which keeps an idle bucket at
-        -- most a window longer.
-        local g, e0 = x[15], x[12]
-        e = e + (g - e % g) % g
-        if e0 < 0 or e > e0 + (g - e0 % g) % g then
-          exp = e
-        end
-      elseif code == '2' then
-        -- The entries left in the window (from byte p of v), and the
-        -- request's, merged into the newest if it has the same instant:
-        -- built in one concatenation, since a log may be long.
-        local at, win, v, p = x[7], x[15], x[13], x[14]
-        local head = pack('<Bi6I4', 76, at + win, x[2] + tot)
-        if not v or p > #v - 9 then
-          value = head .. pack('<i6I4', at, tot)
-        elseif x[4] == at then
-          local _, m = unpack('<i6I4', v, #v - 9)
-          value = head .. sub(v, p, -11) .. pack('<i6I4', at, m + tot)
-        else
-          value = head .. sub(v, p) .. pack('<i6I4', at, tot)
-        end
-        local e, e0 = at + win, x[12]
-        e = e + (win - e % win) % win
-        if e0 < 0 or e > e0 + (win - e0 % win) % win then
-          exp = e
-        end
-      else
-        value = pack('<Bi6i6d', 70, x[12], x[2], x[4] + tot)
-        if x[2] ~= x[5] then
-          exp = x[12]
-        end
-      end
-      redis.call('HSET', key, field, value)
-      if exp then
-        -- Expiries are only ever extended, so that the bucket outlives all
-        -- its counters; every bucket has one from its first write on.
-        local ttl = max(1, exp - now)
-        if fresh[key] then
-          redis.call('PEXPIRE', key, ttl)
-          fresh[key] = false
-        else
-          redis.call('PEXPIRE', key, ttl, 'GT')
-        end
-      end
-    end
+    local k = #out
+    out[k + 1] = x[1] and 1 or 0
+    out[k + 2] = x[2]
+    out[k + 3] = x[3]
+    out[k + 4] = x[4]
+    out[k + 5] = x[5]
+    out[k + 6] = x[6]
+    out[k + 7] = x[7]
   end
+  return out
 end
 
-local out = {all and 1 or 0, now}
-for i = 1, n do
-  local x = st[i]
-  local k = #out
-  out[k + 1] = x[1] and 1 or 0
-  out[k + 2] = x[2]
-  out[k + 3] = x[3]
-  out[k + 4] = x[4]
-  out[k + 5] = x[5]
-  out[k + 6] = x[6]
-  out[k + 7] = x[7]
+-- The batch protocol of redispipe.NewBatchScript: ARGV[1] requests, the
+-- numbers of keys and arguments of each, then their arguments in turn.
+-- A request that fails (an error reply, or an error raised by Redis) fails
+-- alone; what it wrote before stays written, as for a script of its own.
+local calls = tonumber(ARGV[1])
+local replies = {}
+local kb, ab = 0, 1 + 2 * calls
+for i = 1, calls do
+  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local ok, r = pcall(decide, kb, nk, ab)
+  if not ok then
+    if type(r) == 'table' and r.err then
+      r = {err = r.err}
+    else
+      r = {err = 'ERR sluice: ' .. tostring(r)}
+    end
+  end
+  replies[i] = r
+  kb, ab = kb + nk, ab + na
 end
-return out
+
+-- The writes, then the expiries: only ever extended, so that a bucket
+-- outlives all its counters; every bucket has one from its first write on
+-- (a bucket that did not exist gets a plain PEXPIRE, since GT leaves a key
+-- without a TTL alone).
+for j = 1, ndirty do
+  local f = dirty[j]
+  redis.call('HSET', at[f], f, val[f])
+end
+for j = 1, npk do
+  local key = pkeys[j]
+  if fresh[key] then
+    redis.call('PEXPIRE', key, ttlOf[key])
+  else
+    redis.call('PEXPIRE', key, ttlOf[key], 'GT')
+  end
+end
+return replies

@@ -166,7 +166,7 @@ var (
 	//go:embed refund.lua
 	refundSrc string
 
-	script       = redis.NewScript(decideSrc)
+	script       = redispipe.NewBatchScript(decideSrc)
 	refundScript = redis.NewScript(refundSrc)
 )
 
@@ -342,7 +342,7 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 	if s.pipe != nil {
 		return s.pipe.Run(ctx, script, keys, args...)
 	}
-	return script.Run(ctx, s.client, keys, args...).Result()
+	return redispipe.RunDirect(ctx, s.client, script, keys, args...)
 }
 
 // Take decides charges at now, all or nothing, as described by the Store

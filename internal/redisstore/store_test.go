@@ -271,7 +271,10 @@ func TestOneRoundTrip(t *testing.T) {
 		// the server's own command statistics count only this test.
 		srv := redistest.Standalone(t)
 		h := newCountHook()
-		c := srv.Client(t, nil)
+		// Calls made directly on an idle server go through clones of a
+		// client without ContextTimeoutEnabled, which go-redis gives
+		// none of its hooks.
+		c := srv.Client(t, &redis.Options{ContextTimeoutEnabled: true})
 		c.AddHook(h)
 		s := newTestStore(t, c, srv.Prefix(t))
 		admin := srv.Client(t, nil)
@@ -288,6 +291,7 @@ func TestOneRoundTrip(t *testing.T) {
 		// Count what reaches the nodes, after the cluster client's routing
 		// and redirections.
 		c := cl.Client(t, &redis.ClusterOptions{NewClient: func(o *redis.Options) *redis.Client {
+			o.ContextTimeoutEnabled = true // see Standalone
 			n := redis.NewClient(o)
 			n.AddHook(h)
 			return n
@@ -397,6 +401,7 @@ func TestCrossSlot(t *testing.T) {
 	h := newCountHook()
 	// Count what reaches the nodes.
 	c := cl.Client(t, &redis.ClusterOptions{NewClient: func(o *redis.Options) *redis.Client {
+		o.ContextTimeoutEnabled = true // hooks see direct calls
 		n := redis.NewClient(o)
 		n.AddHook(h)
 		return n

@@ -1,0 +1,265 @@
+package redispipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// batchDecide is decide speaking the batch protocol of NewBatchScript; a
+// call whose first argument is "fail" gets an error reply, and every other
+// call's reply ends with its key, so that tests can tell whose reply a
+// call got.
+var batchDecide = NewBatchScript(`
+local n = tonumber(ARGV[1])
+local out = {}
+local kb, ab = 0, 1 + 2 * n
+for i = 1, n do
+	local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+	local key = KEYS[kb + 1]
+	if ARGV[ab + 1] == 'fail' then
+		out[i] = {err = 'ERR asked to fail for ' .. key}
+	else
+		local v = redis.call('HMGET', key, 's', 'p', 'c')
+		local limit, cost = tonumber(ARGV[ab + 1]), tonumber(ARGV[ab + 2])
+		local c = tonumber(v[3]) or 0
+		local allowed = 0
+		if c + cost <= limit then
+			c = c + cost
+			allowed = 1
+		end
+		redis.call('HSET', key, 's', ARGV[ab + 3], 'p', tonumber(v[2]) or 0, 'c', c)
+		redis.call('PEXPIRE', key, ARGV[ab + 4])
+		out[i] = {allowed, limit - c, c, key}
+	end
+	kb, ab = kb + nk, ab + na
+end
+return out
+`)
+
+// TestBatchScript checks that concurrent calls of a batch script share
+// script runs, on a standalone server and on a Cluster (one run per hash
+// slot), that each call gets its own reply, and that an error reply fails
+// its own call alone.
+func TestBatchScript(t *testing.T) {
+	t.Parallel()
+	for _, topo := range []string{"standalone", "cluster"} {
+		t.Run(topo, func(t *testing.T) {
+			t.Parallel()
+			var (
+				client redis.Scripter
+				admins []*redis.Client
+				prefix string
+			)
+			if topo == "standalone" {
+				srv := redistest.Standalone(t)
+				prefix = srv.Prefix(t)
+				client = srv.Client(t, &redis.Options{PoolSize: 128})
+				admins = append(admins, srv.Client(t, nil))
+			} else {
+				cl := redistest.SharedCluster(t)
+				prefix = cl.Prefix(t)
+				client = cl.Client(t, &redis.ClusterOptions{PoolSize: 128})
+				for _, a := range cl.Addrs() {
+					admins = append(admins, redis.NewClient(&redis.Options{Addr: a}))
+				}
+				t.Cleanup(func() {
+					for _, a := range admins {
+						a.Close()
+					}
+				})
+			}
+			scripts := func() (n int) {
+				for _, a := range admins {
+					n += commandCalls(t, a, "evalsha") + commandCalls(t, a, "eval")
+				}
+				return n
+			}
+			p := newPipeliner(t, client, Config{StallThreshold: testStall})
+			ctx := context.Background()
+			const goroutines, each, keys = 64, 40, 8
+			before := scripts()
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			perKey := map[string]int{}
+			for g := 0; g < goroutines; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						key := prefix + "{k" + strconv.Itoa((g+i)%keys) + "}"
+						if i%10 == 9 {
+							_, err := p.Run(ctx, batchDecide, []string{key}, "fail")
+							if err == nil || !strings.Contains(err.Error(), "asked to fail for "+key) || !isRedisError(err) {
+								t.Errorf("a failing call got %v", err)
+							}
+							continue
+						}
+						v, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...)
+						if err != nil {
+							t.Errorf("call: %v", err)
+							return
+						}
+						if a, ok := v.([]any); !ok || len(a) != 4 || a[3] != key {
+							t.Errorf("call for %s got %v", key, v)
+							return
+						}
+						mu.Lock()
+						perKey[key]++
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			runs := scripts() - before
+			const total = goroutines * each
+			t.Logf("%d calls in %d script runs", total, runs)
+			if runs <= 0 || runs >= total/2 {
+				t.Errorf("%d calls ran as %d scripts, want them merged", total, runs)
+			}
+			for key, n := range perKey {
+				v, err := p.Run(ctx, batchDecide, []string{key}, 1<<30, 0, 1, 60000)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c := v.([]any)[2]; c != int64(n) {
+					t.Errorf("%s counted %v, want the %d calls made for it", key, c, n)
+				}
+			}
+		})
+	}
+}
+
+// TestRunDirect checks that RunDirect sends a batch script as a batch of
+// one and returns that call's reply or error, and any other script as is.
+func TestRunDirect(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	ctx := context.Background()
+	key := srv.Prefix(t) + "direct"
+	v, err := RunDirect(ctx, c, batchDecide, []string{key}, decideArgs...)
+	if a, ok := v.([]any); err != nil || !ok || len(a) != 4 || a[2] != int64(1) || a[3] != key {
+		t.Errorf("batch script: %v, %v", v, err)
+	}
+	if _, err := RunDirect(ctx, c, batchDecide, []string{key}, "fail"); err == nil || !strings.Contains(err.Error(), "asked to fail") {
+		t.Errorf("failing batch call: %v", err)
+	}
+	v, err = RunDirect(ctx, c, decide, []string{key + ":plain"}, decideArgs...)
+	if a, ok := v.([]any); err != nil || !ok || fmt.Sprint(a) != "[1 1073741823 1]" {
+		t.Errorf("plain script: %v, %v", v, err)
+	}
+}
+
+// TestDirectCalls checks that calls to an idle server are sent by their
+// callers, not handed to a lane (go-redis then sees a command on its own,
+// not a pipeline), and not when the caller's deadline is too close for a
+// client that ignores deadlines.
+func TestDirectCalls(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	key := srv.Prefix(t) + "direct"
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name       string
+		ctxTimeout bool
+		deadline   time.Duration // 0: none
+		direct     bool
+	}{
+		{"no deadline", false, 0, true},
+		{"deadline with room for a stall", false, time.Second, true},
+		{"deadline too close", false, 2*MaxStallThreshold - time.Millisecond, false},
+		{"client honours deadlines", true, 10 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &pipeCounter{}
+			c := srv.Client(t, &redis.Options{ContextTimeoutEnabled: true})
+			c.AddHook(h)
+			if !tc.ctxTimeout {
+				// Hooks do not reach the clones that direct calls of such
+				// a client go through: count what is not a direct call.
+				c = srv.Client(t, nil)
+				c.AddHook(h)
+			}
+			p := newPipeliner(t, c, Config{})
+			const n = 20
+			for i := 0; i < n; i++ {
+				cx, cancel := ctx, context.CancelFunc(func() {})
+				if tc.deadline > 0 {
+					cx, cancel = context.WithTimeout(ctx, tc.deadline)
+				}
+				_, err := p.Run(cx, batchDecide, []string{key}, decideArgs...)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, cmds, _ := h.stats()
+			h.mu.Lock()
+			alone, piped := h.alone, cmds-h.alone
+			h.mu.Unlock()
+			switch {
+			case tc.direct && tc.ctxTimeout && (alone != n || piped != 0):
+				t.Errorf("%d sent alone, %d in pipelines; want all %d alone", alone, piped, n)
+			case tc.direct && !tc.ctxTimeout && alone+piped != 0:
+				t.Errorf("%d sent alone, %d in pipelines; want all %d direct, through clones", alone, piped, n)
+			case !tc.direct && piped != n:
+				t.Errorf("%d sent alone, %d in pipelines; want all %d in pipelines", alone, piped, n)
+			}
+		})
+	}
+}
+
+// TestDirectCallStall hangs the server (SIGSTOP) and makes one call at a
+// time with a client at go-redis's default options (ReadTimeout 3 s), as
+// direct calls: the first must give up after the stall threshold, not
+// after ReadTimeout or its own deadline, and mark the server down; those
+// after it fail at once; once the server resumes, calls succeed again.
+func TestDirectCallStall(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	key := srv.Prefix(t) + "stall"
+	c := srv.Client(t, nil)
+	var log stateLog
+	p := newPipeliner(t, c, Config{OnStateChange: log.record})
+	ctx := context.Background()
+	if _, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	for i := 0; i < 2; i++ {
+		cx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		start := time.Now()
+		_, err := p.Run(cx, batchDecide, []string{key}, decideArgs...)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrStalled) {
+			t.Fatalf("call %d on a hung server: %v, want ErrUnavailable (ErrStalled)", i, err)
+		}
+		if limit := MaxStallThreshold + slowCall; took > limit {
+			t.Errorf("call %d on a hung server took %s, more than %s", i, took, limit)
+		}
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := firstSuccess(p, key, 2*time.Second); !ok {
+		t.Fatal("no success within 2 s of the resume")
+	}
+	ev := log.list()
+	if len(ev) < 2 || ev[0].up || !errors.Is(ev[0].cause, ErrStalled) || !ev[len(ev)-1].up {
+		t.Fatalf("state changes %s, want down (stalled), ..., up", describe(ev))
+	}
+}
