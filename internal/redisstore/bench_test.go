@@ -97,15 +97,16 @@ func BenchmarkTake(b *testing.B) {
 
 // scriptCPU reads the server's CPU time in scripts (INFO commandstats,
 // EVALSHA and EVAL) now, and returns a function that reports, as the
-// metric server-µs/op, the time per script run since: what a decision
-// costs Redis's single thread, without the noise of the network and the
-// client.
+// metric server-µs/op, the time in scripts since per operation of the
+// benchmark (each one decision; a script run may decide several): what a
+// decision costs Redis's single thread, without the noise of the network
+// and the client.
 func scriptCPU(b *testing.B, c *redis.Client) func() {
 	calls0, usec0 := scriptStats(b, c)
 	return func() {
 		calls, usec := scriptStats(b, c)
 		if calls > calls0 {
-			b.ReportMetric(float64(usec-usec0)/float64(calls-calls0), "server-µs/op")
+			b.ReportMetric(float64(usec-usec0)/float64(b.N), "server-µs/op")
 		}
 	}
 }
@@ -323,8 +324,11 @@ func BenchmarkAlgorithms(b *testing.B) {
 // (server-µs/op), with the scripts sent 100 to a pipeline from one
 // connection over 10,000 keys (100,000 / n for logs held full at n
 // entries), so that the client and the network weigh as little as
-// possible on the server. Limits are never reached, so every decision
-// writes; the logs are held full at 1, 10, 100 and 1000 entries:
+// possible on the server; per-run-1 runs the script once per decision,
+// per-run-16 decides 16 requests (of different clients) per run, as the
+// Pipeliner merges the decisions of a batch. Limits are never reached, so
+// every decision writes; the logs are held full at 1, 10, 100 and 1000
+// entries:
 //
 //	go test -run '^$' -bench BenchmarkScript -count 5 ./internal/redisstore/
 func BenchmarkScript(b *testing.B) {
@@ -359,41 +363,55 @@ func BenchmarkScript(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			keys := keys
+			keys0 := keys
 			if tc.full > 1 {
-				keys = 100_000 / tc.full // a million entries to fill at most
+				keys0 = 100_000 / tc.full // a million entries to fill at most
 			}
-			ks, fs := make([]string, keys), make([]string, keys)
+			ks, fs := make([]string, keys0), make([]string, keys0)
 			for i := range ks {
 				ch := window.Charge{Key: "ip:" + strconv.Itoa(i), Name: tc.name, Limit: tc.limit}
 				ks[i], fs[i] = string(s.appendKey(nil, ch.Key)), string(appendField(nil, &ch))
 			}
 			base := window.Millis(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			clock := make([]int64, keys)
-			send := func(from, n int) {
+			clock := make([]int64, keys0)
+			// send sends n decisions from the from-th on, per to a script
+			// run (as the Pipeliner merges the calls of a batch), 100 runs
+			// to a pipeline.
+			send := func(from, n, per int) {
 				p := c.Pipeline()
-				for i := from; i < from+n; i++ {
-					k := i % keys
-					now := ""
-					if tc.full > 0 {
-						clock[k]++
-						now = strconv.FormatInt(base+clock[k], 10)
+				for i := from; i < from+n; {
+					var keys []string
+					args := []any{min(per, from+n-i)}
+					var rest []any
+					for j := 0; j < per && i < from+n; j, i = j+1, i+1 {
+						k := i % keys0
+						now := ""
+						if tc.full > 0 {
+							clock[k]++
+							now = strconv.FormatInt(base+clock[k], 10)
+						}
+						ch := window.Charge{Limit: tc.limit, Cost: 1}
+						keys = append(keys, ks[k])
+						args = append(args, 1, 5)
+						rest = appendArgs(append(rest, now, modeCharge), fs[k], &ch, -1)
 					}
-					ch := window.Charge{Limit: tc.limit, Cost: 1}
-					script.EvalSha(ctx, p, []string{ks[k]}, appendArgs([]any{now, modeCharge}, fs[k], &ch, -1)...)
+					script.EvalSha(ctx, p, keys, append(args, rest...)...)
 				}
 				if _, err := p.Exec(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
 			// Logs start full; every other counter exists.
-			for i := 0; i < keys*max(tc.full, 1); i += 100 {
-				send(i, 100)
+			for i := 0; i < keys0*max(tc.full, 1); i += 100 {
+				send(i, 100, 1)
 			}
-			b.ResetTimer()
-			defer scriptCPU(b, c)()
-			for i := 0; i < b.N; i += 100 {
-				send(i, min(100, b.N-i))
+			for _, per := range []int{1, 16} {
+				b.Run("per-run-"+strconv.Itoa(per), func(b *testing.B) {
+					defer scriptCPU(b, c)()
+					for i := 0; i < b.N; i += 100 * per {
+						send(i, min(100*per, b.N-i), per)
+					}
+				})
 			}
 		})
 	}

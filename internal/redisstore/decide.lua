@@ -20,8 +20,10 @@
 --          clients, one field per counter.
 -- ARGV[1]  now in Unix ms, or "" to read the server's clock (TIME).
 -- ARGV[2]  "1" to charge, "0" for a dry run that decides but never writes.
--- Then, for each charge in turn, its field and its algorithm's code,
--- followed by that algorithm's arguments (integers; durations in ms):
+-- Then, for each charge in turn, its field, its algorithm's code, and
+-- that algorithm's numbers (durations in ms) in one argument, as 8-byte
+-- little-endian signed integers (struct "<i8..."), which spares the script
+-- parsing decimal strings:
 --   "0" sliding window        limit, window, tick, cost
 --   "1" fixed window          limit, window, cost
 --   "2" sliding log           limit, window, cost
@@ -83,7 +85,8 @@
 -- must be below 2^47 ms (the year 6429), which the caller checks, and a
 -- log's counts below 2^32, which its limit of at most 100,000 ensures.
 --
--- Reply: {allowed_all, now, then 7 integers per charge}: allowed, then
+-- Reply: a string of 8-byte little-endian signed integers, allowed_all and
+-- now, then 7 integers per charge: allowed, then
 --   sliding window, fixed window, token bucket: the counter rolled to now
 --     before this request's cost was added (start, prev, curr), and the
 --     counter as it was read (stored start, or -1 if there was none, prev,
@@ -192,8 +195,8 @@ local function decide(kb, n, ab)
     local x
     if code == '0' then
       -- Sliding window: window.Roll and window.Fits.
-      local limit, w, r, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-      a = a + 6
+      local limit, w, r, cost = unpack('<i8i8i8i8', ARGV[a + 2])
+      a = a + 3
       local s, p, c, s0
       if v and #v == 32 then
         s, p, c = unpack('<dddd', v)
@@ -229,14 +232,14 @@ local function decide(kb, n, ab)
       -- Token bucket (internal/window/token.go), and the leaky bucket, which
       -- is one whose level may hold the queue and may bound the wait
       -- (leaky.go).
-      local rate, burst, win = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-      local r, cost, wait = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), -1
+      local rate, burst, win, r, cost, wait
       if code == '5' then
-        wait, cost = cost, tonumber(ARGV[a + 7])
-        a = a + 8
+        rate, burst, win, r, wait, cost = unpack('<i8i8i8i8i8i8', ARGV[a + 2])
       else
-        a = a + 7
+        rate, burst, win, r, cost = unpack('<i8i8i8i8i8', ARGV[a + 2])
+        wait = -1
       end
+      a = a + 3
       if not rollToken then
         rollToken = function(s, r0, level, rate, burst, win, r, w)
           local base = now - now % r
@@ -288,14 +291,11 @@ local function decide(kb, n, ab)
       -- Fixed window (internal/window/fixed.go).
       local limit, cost, win, b0, b1, b2, b3
       if code == '1' then
-        limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-        a = a + 5
+        limit, win, cost = unpack('<i8i8i8', ARGV[a + 2])
       else
-        limit, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-        b0, b1 = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-        b2, b3 = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-        a = a + 8
+        limit, cost, b0, b1, b2, b3 = unpack('<i8i8i8i8i8i8', ARGV[a + 2])
       end
+      a = a + 3
       local s0, e0, c0 = -1, 0, 0
       if v and #v == 21 and byte(v, 1) == 70 then
         local _
@@ -330,8 +330,8 @@ local function decide(kb, n, ab)
       x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
     elseif code == '2' then
       -- Sliding log (internal/window/log.go).
-      local limit, win, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-      a = a + 5
+      local limit, win, cost = unpack('<i8i8i8', ARGV[a + 2])
+      a = a + 3
       local at, count, first, len, exp0 = now, 0, 12, 0, -1
       if v then
         len = #v
@@ -531,19 +531,18 @@ local function decide(kb, n, ab)
     end
   end
 
-  local out = {all and 1 or 0, now}
-  for i = 1, n do
-    local x = st[i]
-    local k = #out
-    out[k + 1] = x[1] and 1 or 0
-    out[k + 2] = x[2]
-    out[k + 3] = x[3]
-    out[k + 4] = x[4]
-    out[k + 5] = x[5]
-    out[k + 6] = x[6]
-    out[k + 7] = x[7]
+  -- The reply, in 8-byte integers.
+  local x = st[1]
+  if n == 1 then
+    return pack('<i8i8i8i8i8i8i8i8i8', all and 1 or 0, now,
+      x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
   end
-  return out
+  local out = {pack('<i8i8', all and 1 or 0, now)}
+  for i = 1, n do
+    x = st[i]
+    out[i + 1] = pack('<i8i8i8i8i8i8i8', x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+  end
+  return table.concat(out)
 end
 
 -- The batch protocol of redispipe.NewBatchScript: ARGV[1] requests, the

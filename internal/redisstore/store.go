@@ -257,6 +257,7 @@ type scratch struct {
 	fields []string
 	run    []string
 	args   []any
+	ints   []int64
 	info   []counter
 	order  []int
 }
@@ -550,17 +551,29 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, nowMs int64
 	if err != nil {
 		return false, 0, fmt.Errorf("redisstore: run script: %w", err)
 	}
-	reply, ok := v.([]any)
-	if !ok {
-		return false, 0, fmt.Errorf("redisstore: script returned %T, want an array", v)
+	raw, ok := v.(string)
+	if !ok || len(raw)%8 != 0 {
+		return false, 0, fmt.Errorf("redisstore: script returned %T of %d bytes, want a string of 8-byte integers", v, len(raw))
 	}
-	return parseReply(reply, mode == modeCharge, charges, idx, out, sc.info)
+	sc.ints = sc.ints[:0]
+	for k := 0; k < len(raw); k += 8 {
+		sc.ints = append(sc.ints, le64(raw[k:k+8]))
+	}
+	return parseReply(sc.ints, mode == modeCharge, charges, idx, out, sc.info)
 }
 
 // appendArgs appends to args the script's arguments for charge c, whose
 // counter is field (see decide.lua). nowMs is the instant to decide at, in
 // Unix ms, or -1 for the server's clock.
 func appendArgs(args []any, field string, c *window.Charge, nowMs int64) []any {
+	var buf [6 * 8]byte
+	code, nums := packArgs(buf[:0], c, nowMs)
+	return append(args, field, code, string(nums))
+}
+
+// packArgs returns the code of charge c's algorithm and appends its
+// numbers to buf, as 8-byte little-endian integers (see decide.lua).
+func packArgs(buf []byte, c *window.Charge, nowMs int64) (any, []byte) {
 	l := &c.Limit
 	cost := int64(c.Cost)
 	if capa := int64(l.Capacity()); cost > capa {
@@ -569,21 +582,28 @@ func appendArgs(args []any, field string, c *window.Charge, nowMs int64) []any {
 		cost = capa + 1
 	}
 	w := l.Window.Milliseconds()
+	le := binary.LittleEndian
+	put := func(n ...int64) []byte {
+		for _, x := range n {
+			buf = le.AppendUint64(buf, uint64(x))
+		}
+		return buf
+	}
 	switch {
 	case l.Algorithm == window.SlidingWindow:
-		return append(args, field, codeSliding, int64(l.Requests), w, l.Tick(), cost)
+		return codeSliding, put(int64(l.Requests), w, l.Tick(), cost)
 	case l.Algorithm == window.TokenBucket:
-		return append(args, field, codeToken, int64(l.Requests), int64(l.Capacity()), w, l.Tick(), cost)
+		return codeToken, put(int64(l.Requests), int64(l.Capacity()), w, l.Tick(), cost)
 	case l.Algorithm == window.LeakyBucket:
 		r, wait := l.Tick(), int64(-1)
 		if l.MaxDelay > 0 {
 			wait = l.MaxDelay.Milliseconds() / r
 		}
-		return append(args, field, codeLeaky, int64(l.Requests), int64(l.Capacity()), w, r, wait, cost)
+		return codeLeaky, put(int64(l.Requests), int64(l.Capacity()), w, r, wait, cost)
 	case l.Algorithm == window.SlidingLog:
-		return append(args, field, codeLog, int64(l.Requests), w, cost)
+		return codeLog, put(int64(l.Requests), w, cost)
 	case l.Period == window.NoPeriod:
-		return append(args, field, codeFixed, int64(l.Requests), w, cost)
+		return codeFixed, put(int64(l.Requests), w, cost)
 	}
 	// The script has no time-zone database: it gets the period boundaries
 	// around this instant, or around this server's clock when Redis keeps
@@ -593,38 +613,30 @@ func appendArgs(args []any, field string, c *window.Charge, nowMs int64) []any {
 		ref = time.Now().UnixMilli()
 	}
 	b := l.Boundaries(ref)
-	return append(args, field, codeCalendar, int64(l.Requests), cost, b[0], b[1], b[2], b[3])
+	return codeCalendar, put(int64(l.Requests), cost, b[0], b[1], b[2], b[3])
+}
+
+// le64 decodes the 8-byte little-endian integer s.
+func le64(s string) int64 {
+	_ = s[7]
+	return int64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
 }
 
 // parseReply checks the script's reply, copies what it read of each
 // counter into info and describes each decision into out (window.Describe,
 // or window.DescribeLog for a sliding log), with the costs counted if the
 // charges were admitted and charged.
-func parseReply(reply []any, charged bool, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
+func parseReply(reply []int64, charged bool, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
 	if len(reply) != 2+fieldsPerCharge*len(idx) {
 		return false, 0, fmt.Errorf("redisstore: script returned %d values for %d charges", len(reply), len(idx))
 	}
-	var v [2 + fieldsPerCharge]int64
-	for k := 0; k < 2; k++ {
-		n, err := intAt(reply, k)
-		if err != nil {
-			return false, 0, err
-		}
-		v[k] = n
-	}
-	all, now := v[0], v[1]
+	all, now := reply[0], reply[1]
 	if all != 0 && all != 1 {
 		return false, 0, fmt.Errorf("redisstore: script returned allowed=%d", all)
 	}
 	for j, i := range idx {
-		f := v[:fieldsPerCharge]
-		for k := range f {
-			n, err := intAt(reply, 2+fieldsPerCharge*j+k)
-			if err != nil {
-				return false, 0, err
-			}
-			f[k] = n
-		}
+		f := reply[2+fieldsPerCharge*j : 2+fieldsPerCharge*(j+1)]
 		c := &charges[i]
 		allowed := f[0]
 		if c.Limit.Algorithm == window.SlidingLog {

@@ -768,10 +768,10 @@ func TestParseReply(t *testing.T) {
 	t.Parallel()
 	// Two charges of 10/min, each counter at start 1000 with 4 in its
 	// current window before this request, which costs 1 and is admitted.
-	good := func() []any {
-		r := []any{int64(1), int64(1_000)}
+	good := func() []int64 {
+		r := []int64{1, 1_000}
 		for i := 0; i < 2; i++ {
-			r = append(r, int64(1), int64(1000), int64(0), int64(4), int64(-1), int64(0), int64(0))
+			r = append(r, 1, 1000, 0, 4, -1, 0, 0)
 		}
 		return r
 	}
@@ -788,20 +788,17 @@ func TestParseReply(t *testing.T) {
 	if _, _, err := parseReply(good(), false, charges, []int{0, 1}, out, info); err != nil || out[0].Remaining != 6 {
 		t.Errorf("dry run: %v %+v", err, out[0])
 	}
-	bad := map[string]func(r []any) []any{
-		"Short":         func(r []any) []any { return r[:len(r)-1] },
-		"Long":          func(r []any) []any { return append(r, int64(0)) },
-		"Empty":         func(r []any) []any { return nil },
-		"String":        func(r []any) []any { r[3] = "5"; return r },
-		"Nil":           func(r []any) []any { r[0] = nil; return r },
-		"Float":         func(r []any) []any { r[4] = 1.5; return r },
-		"AllowedTwo":    func(r []any) []any { r[0] = int64(2); return r },
-		"ChargeAllowed": func(r []any) []any { r[2] = int64(-1); return r },
-		"NegStart":      func(r []any) []any { r[3] = int64(-1); return r },
-		"NegPrev":       func(r []any) []any { r[4] = int64(-5); return r },
-		"NegCurr":       func(r []any) []any { r[5] = int64(-2); return r },
-		"StoredStart":   func(r []any) []any { r[6] = int64(-2); return r },
-		"NegStoredCurr": func(r []any) []any { r[8] = int64(-1); return r },
+	bad := map[string]func(r []int64) []int64{
+		"Short":         func(r []int64) []int64 { return r[:len(r)-1] },
+		"Long":          func(r []int64) []int64 { return append(r, 0) },
+		"Empty":         func(r []int64) []int64 { return nil },
+		"AllowedTwo":    func(r []int64) []int64 { r[0] = 2; return r },
+		"ChargeAllowed": func(r []int64) []int64 { r[2] = -1; return r },
+		"NegStart":      func(r []int64) []int64 { r[3] = -1; return r },
+		"NegPrev":       func(r []int64) []int64 { r[4] = -5; return r },
+		"NegCurr":       func(r []int64) []int64 { r[5] = -2; return r },
+		"StoredStart":   func(r []int64) []int64 { r[6] = -2; return r },
+		"NegStoredCurr": func(r []int64) []int64 { r[8] = -1; return r },
 	}
 	for name, f := range bad {
 		if _, _, err := parseReply(f(good()), true, charges, []int{0, 1}, out, info); err == nil {
@@ -815,10 +812,10 @@ func TestParseReply(t *testing.T) {
 	log := window.Limit{Requests: 3, Window: time.Minute, Algorithm: window.SlidingLog}
 	tb := window.Limit{Requests: 6, Window: time.Minute, Algorithm: window.TokenBucket}
 	charges = []window.Charge{{Key: "a", Limit: log, Cost: 1}, {Key: "a", Limit: tb, Cost: 1}}
-	reply := func() []any {
-		return []any{int64(0), int64(1_000),
-			int64(0), int64(3), int64(500), int64(900), int64(500), int64(500), int64(1_000),
-			int64(1), int64(1_000), int64(20_000), int64(60_000), int64(990), int64(1), int64(66_000)}
+	reply := func() []int64 {
+		return []int64{0, 1_000,
+			0, 3, 500, 900, 500, 500, 1_000,
+			1, 1_000, 20_000, 60_000, 990, 1, 66_000}
 	}
 	ok, _, err = parseReply(reply(), true, charges, []int{0, 1}, out, info)
 	wantLog := window.DescribeLog(log, window.LogSummary{Count: 3, Oldest: 500, Newest: 900, RetryC: 500, Retry1: 500}, 1000, 1, false)
@@ -826,12 +823,12 @@ func TestParseReply(t *testing.T) {
 	if err != nil || ok || out[0] != wantLog || out[1] != wantTB || info[1].storedExp != 20_000 || info[1].rolled.Prev != 1 || info[0].at != 1000 {
 		t.Errorf("log and token bucket: %v %v %+v %+v", ok, err, out, info)
 	}
-	for name, f := range map[string]func(r []any) []any{
-		"NegCount":    func(r []any) []any { r[3] = int64(-1); return r },
-		"NewestFirst": func(r []any) []any { r[5] = int64(400); return r },
-		"RetryC":      func(r []any) []any { r[6] = int64(-2); return r },
-		"AtBeforeNow": func(r []any) []any { r[8] = int64(999); return r },
-		"Expiry":      func(r []any) []any { r[11] = int64(-2); return r },
+	for name, f := range map[string]func(r []int64) []int64{
+		"NegCount":    func(r []int64) []int64 { r[3] = -1; return r },
+		"NewestFirst": func(r []int64) []int64 { r[5] = 400; return r },
+		"RetryC":      func(r []int64) []int64 { r[6] = -2; return r },
+		"AtBeforeNow": func(r []int64) []int64 { r[8] = 999; return r },
+		"Expiry":      func(r []int64) []int64 { r[11] = -2; return r },
 	} {
 		if _, _, err := parseReply(f(reply()), true, charges, []int{0, 1}, out, info); err == nil {
 			t.Errorf("%s: no error", name)
