@@ -107,19 +107,32 @@ local now, clock
 -- time: st (see decide), and total and link of a request with one charge.
 local stShared, total1, noLink = {}, {}, {}
 
--- The counters that this run reads and writes, by field: val[f] is the
--- value (false if none) of field f of bucket at[f]. Writes stay here, and
--- are made once per counter when every request has been decided (flush):
--- many requests for one hot counter then cost one HGET and one HSET. A
--- field that two buckets of one run both have (a 96-bit collision across
--- buckets) is read and written directly for the second one.
-local val, at, isDirty, dirty, ndirty = {}, {}, {}, {}, 0
+-- single is set when the run decides one request, whose counters are
+-- then read and written directly. Otherwise, the run keeps the counters it
+-- reads and writes, by field: val[f] is the value (false if none) of field
+-- f of bucket at[f]. Writes stay there, and are made once per counter when
+-- every request has been decided (flush): many requests for one hot
+-- counter then cost one HGET and one HSET. A field that two buckets of one
+-- run both have (a 96-bit collision across buckets) is read and written
+-- directly for the second one.
+local calls = tonumber(ARGV[1])
+local single = calls == 1
+local val, at, isDirty, dirty, ndirty = nil, nil, nil, nil, 0
 -- The buckets whose expiry is to be extended (pkeys, npk) and the TTL for
--- each (ttlOf); the buckets sampled for expired counters in this run, and
--- those of them that did not exist (fresh).
-local ttlOf, pkeys, npk, sampled, fresh = {}, {}, 0, {}, {}
+-- each (ttlOf).
+local ttlOf, pkeys, npk = nil, nil, 0
+if not single then
+  val, at, isDirty, dirty = {}, {}, {}, {}
+  ttlOf, pkeys = {}, {}
+end
+-- The buckets sampled for expired counters in this run, and those of them
+-- that did not exist (fresh); made when a request adds a counter.
+local sampled, fresh
 
 local function read(key, field)
+  if single then
+    return redis.call('HGET', key, field)
+  end
   local k = at[field]
   if k == key then
     return val[field]
@@ -132,6 +145,10 @@ local function read(key, field)
 end
 
 local function write(key, field, value)
+  if single then
+    redis.call('HSET', key, field, value)
+    return
+  end
   local k = at[field]
   if k ~= nil and k ~= key then
     redis.call('HSET', key, field, value)
@@ -145,8 +162,25 @@ local function write(key, field, value)
   end
 end
 
--- extend records that bucket key must live at least ttl ms more.
+-- extend makes bucket key live at least ttl ms more, at the end of the
+-- run, or at once for a single request. Expiries are only ever extended,
+-- so that a bucket outlives all its counters; every bucket has one from
+-- its first write on (a bucket that did not exist gets a plain PEXPIRE,
+-- since GT leaves a key without a TTL alone).
+local function pexpire(key, ttl)
+  if fresh and fresh[key] then
+    redis.call('PEXPIRE', key, ttl)
+    fresh[key] = false
+  else
+    redis.call('PEXPIRE', key, ttl, 'GT')
+  end
+end
+
 local function extend(key, ttl)
+  if single then
+    pexpire(key, ttl)
+    return
+  end
   local t = ttlOf[key]
   if t == nil then
     npk = npk + 1
@@ -425,9 +459,12 @@ local function decide(kb, n, ab)
       local tot = total[i]
       if tot and tot > 0 then
         local key, field, code = KEYS[kb + i], x[9], x[10]
-        if x[11] and not sampled[key] then
+        if x[11] and not (sampled and sampled[key]) then
           -- A new counter: drop up to two expired counters of other clients.
           -- An empty sample means a new bucket.
+          if not sampled then
+            sampled, fresh = {}, {}
+          end
           sampled[key] = true
           if not expired then
             expired = function(sv)
@@ -450,7 +487,7 @@ local function decide(kb, n, ab)
             local f = sample[j]
             if f ~= field and expired(sample[j + 1]) then
               redis.call('HDEL', key, f)
-              if at[f] == key and not isDirty[f] then
+              if at and at[f] == key and not isDirty[f] then
                 val[f] = false
               end
             end
@@ -549,7 +586,6 @@ end
 -- numbers of keys and arguments of each, then their arguments in turn.
 -- A request that fails (an error reply, or an error raised by Redis) fails
 -- alone; what it wrote before stays written, as for a script of its own.
-local calls = tonumber(ARGV[1])
 local replies = {}
 local kb, ab = 0, 1 + 2 * calls
 for i = 1, calls do
@@ -566,20 +602,13 @@ for i = 1, calls do
   kb, ab = kb + nk, ab + na
 end
 
--- The writes, then the expiries: only ever extended, so that a bucket
--- outlives all its counters; every bucket has one from its first write on
--- (a bucket that did not exist gets a plain PEXPIRE, since GT leaves a key
--- without a TTL alone).
+-- The writes kept, then the expiries (see extend).
 for j = 1, ndirty do
   local f = dirty[j]
   redis.call('HSET', at[f], f, val[f])
 end
 for j = 1, npk do
   local key = pkeys[j]
-  if fresh[key] then
-    redis.call('PEXPIRE', key, ttlOf[key])
-  else
-    redis.call('PEXPIRE', key, ttlOf[key], 'GT')
-  end
+  pexpire(key, ttlOf[key])
 end
 return replies
