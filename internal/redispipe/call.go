@@ -132,15 +132,16 @@ func subReply(val any, i int) (any, error) {
 }
 
 // mergeCmd gives the calls of group, all of one batch script, one command
-// that runs them together.
-func mergeCmd(ctx context.Context, group []*call) {
+// that runs them together. Its arguments are appended to buf, which is
+// returned: the caller may reuse it once the command is done with.
+func mergeCmd(ctx context.Context, group []*call, buf []any) []any {
 	nk, na := 0, 0
 	for _, c := range group {
 		nk += c.nkeys
 		na += c.nargs
 	}
-	args := make([]any, 0, 4+nk+2*len(group)+na)
-	args = append(args, "evalsha", group[0].script.shaArg, nk)
+	start := len(buf)
+	args := append(buf, "evalsha", group[0].script.shaArg, nk)
 	for _, c := range group {
 		args = append(args, c.args[3:3+c.nkeys]...)
 	}
@@ -151,10 +152,11 @@ func mergeCmd(ctx context.Context, group []*call) {
 	for _, c := range group {
 		args = append(args, c.ownArgs()...)
 	}
-	cmd := redis.NewCmd(ctx, args...)
+	cmd := redis.NewCmd(ctx, args[start:len(args):len(args)]...)
 	for i, c := range group {
 		c.cmd, c.idx = cmd, i
 	}
+	return args
 }
 
 // isPending reports whether nobody has completed the call yet.

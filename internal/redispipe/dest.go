@@ -159,8 +159,9 @@ type lane struct {
 	// timer calls onTimer when the batch in flight reaches its stall
 	// threshold.
 	timer *time.Timer
-	// sent and group are scratch space for exec.
+	// sent, group and args are scratch space for exec.
 	sent, group []*call
+	args        []any
 }
 
 // startLaneLocked starts a lane.
@@ -303,7 +304,12 @@ func (l *lane) exec(batch []*call) bool {
 	}
 	client := d.client.Load()
 	pipe := client.Pipeline()
-	l.group = d.p.commands(ctx, pipe, sent, l.group)
+	l.group, l.args = d.p.commands(ctx, pipe, sent, l.group, l.args[:0])
+	defer func() {
+		// The commands are done with: their arguments may be reused.
+		clear(l.args)
+		l.args = l.args[:0]
+	}()
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
 		d.markDown(err)
@@ -412,8 +418,9 @@ func containsScript(list []*scriptInfo, s *scriptInfo) bool {
 
 // commands gives each call of sent a command and queues the commands on
 // pipe. The calls of one batch script (of one hash slot, on a Cluster)
-// share one command. group is scratch space, returned for reuse.
-func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, group []*call) []*call {
+// share one command, whose arguments are appended to args. group and args
+// are scratch space, returned for reuse once the commands are done with.
+func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, group []*call, args []any) ([]*call, []any) {
 	for _, c := range sent {
 		c.cmd = nil
 	}
@@ -439,12 +446,12 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 		if len(group) == 1 {
 			c.setCmd(ctx)
 		} else {
-			mergeCmd(ctx, group)
+			args = mergeCmd(ctx, group, args)
 		}
 		_ = pipe.Process(ctx, c.cmd)
 	}
 	clear(group)
-	return group[:0]
+	return group[:0], args
 }
 
 // tryDirect reports whether a call with ctx may be sent by its caller

@@ -147,7 +147,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -777,13 +776,14 @@ func (s *Store) appendKey(b []byte, key string) []byte {
 // (its window in ms for a sliding window), each length-prefixed so that no
 // two triples give the same input.
 func appendField(b []byte, c *window.Charge) []byte {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	h.Write(binary.AppendUvarint(n[:0], uint64(len(c.Key))))
-	io.WriteString(h, c.Key)
-	h.Write(binary.AppendUvarint(n[:0], uint64(len(c.Name))))
-	io.WriteString(h, c.Name)
-	h.Write(binary.AppendUvarint(n[:0], c.Limit.Series()))
-	var sum [sha256.Size]byte
-	return append(b, h.Sum(sum[:0])[:fieldLen]...)
+	// The input on the stack unless the Key and Name are long: a
+	// sha256.New would cost an allocation per counter.
+	var arr [160]byte
+	in := binary.AppendUvarint(arr[:0], uint64(len(c.Key)))
+	in = append(in, c.Key...)
+	in = binary.AppendUvarint(in, uint64(len(c.Name)))
+	in = append(in, c.Name...)
+	in = binary.AppendUvarint(in, c.Limit.Series())
+	sum := sha256.Sum256(in)
+	return append(b, sum[:fieldLen]...)
 }
