@@ -57,10 +57,25 @@ type dest struct {
 	// directs counts the direct calls in flight (see tryDirect); guarded
 	// by mu.
 	directs int
+	// clone, if not nil, is the client of direct calls (see setClient).
+	clone atomic.Pointer[redis.Client]
 }
 
 // setClient makes c the client of the destination.
-func (d *dest) setClient(c *redis.Client) { d.client.Store(c) }
+func (d *dest) setClient(c *redis.Client) {
+	d.client.Store(c)
+	if t := d.p.directTimeout; t > 0 && !c.Options().ContextTimeoutEnabled {
+		// go-redis waits for a reply for ReadTimeout whatever the
+		// context, then tries again: direct calls go through a clone
+		// that shares the client's pool but gives up after t, once.
+		// (go-redis gives a clone none of the client's hooks.)
+		clone := c.WithTimeout(t)
+		clone.Options().MaxRetries = 0
+		d.clone.Store(clone)
+	} else {
+		d.clone.Store(nil)
+	}
+}
 
 // event is a state change for Config.OnStateChange.
 type event struct {
@@ -495,22 +510,15 @@ func (d *dest) tryDirect(ctx context.Context) bool {
 // the lanes. A connection error or a read that stalls marks the
 // destination down, as from a lane.
 func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
-	client := d.client.Load()
 	// A direct call ends within its caller's deadline, and within
 	// directTimeout, as a stalled batch would.
-	run := ctx
-	if t := d.p.directTimeout; t > 0 {
-		if client.Options().ContextTimeoutEnabled {
+	client, run := d.clone.Load(), ctx
+	if client == nil {
+		client = d.client.Load()
+		if t := d.p.directTimeout; t > 0 {
 			var cancel context.CancelFunc
 			run, cancel = context.WithTimeout(ctx, t)
 			defer cancel()
-		} else {
-			// go-redis waits for a reply for ReadTimeout whatever the
-			// context, then tries again: the call goes through a clone
-			// that shares the client's pool but gives up after t, once.
-			// (go-redis gives a clone none of the client's hooks.)
-			client = client.WithTimeout(t)
-			client.Options().MaxRetries = 0
 		}
 	}
 	if fn := d.p.cfg.OnBatch; fn != nil {
