@@ -56,12 +56,57 @@ func RemoteIPWithPrefix(v4Bits, v6Bits int) Func {
 
 func remoteIP(v4Bits, v6Bits int) Func {
 	return func(r Request) (string, error) {
-		addr, ok := parseHost(r.RemoteAddr())
+		remote := r.RemoteAddr()
+		if v4Bits == 32 {
+			// Most peers are IPv4 addresses keyed on their own: the key
+			// is the address as written.
+			if host, ok := plainIPv4(remote); ok {
+				return textKey(host), nil
+			}
+		}
+		addr, ok := parseHost(remote)
 		if !ok {
 			return "", errBadRemoteAddr
 		}
 		return ipKey(addr, v4Bits, v6Bits), nil
 	}
+}
+
+// plainIPv4 returns the host of s when s is an IPv4 address in the
+// dotted-decimal form netip.Addr.String writes, alone or followed by a
+// port, as parseHost accepts it. Its text is then the canonical form
+// AppendIP would give the parsed address with a prefix of 32 bits. It
+// reports false for anything else, which parseHost then decides.
+func plainIPv4(s string) (string, bool) {
+	fields, val, digits := 0, 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case '0' <= c && c <= '9':
+			if digits == 1 && val == 0 {
+				return "", false // a leading zero, which netip rejects
+			}
+			if val = val*10 + int(c-'0'); val > 255 {
+				return "", false
+			}
+			digits++
+		case c == '.':
+			if digits == 0 || fields == 3 {
+				return "", false
+			}
+			fields, val, digits = fields+1, 0, 0
+		case c == ':' && fields == 3 && digits > 0:
+			if !isPort(s[i+1:]) {
+				return "", false
+			}
+			return s[:i], true
+		default:
+			return "", false
+		}
+	}
+	if fields != 3 || digits == 0 {
+		return "", false
+	}
+	return s, true
 }
 
 // checkPrefixBits reports an error if either prefix length is out of range.
@@ -81,7 +126,19 @@ func ipKey(addr netip.Addr, v4Bits, v6Bits int) string {
 	var buf [64]byte // "ip:" + the longest IPv6 text (39) + "/128"
 	b := append(buf[:0], "ip:"...)
 	b = AppendIP(b, addr, v4Bits, v6Bits)
-	// Carved from a shared chunk: a fraction of an allocation per key.
+	return carve(b)
+}
+
+// textKey returns "ip:" followed by host, which is already in canonical
+// form (see plainIPv4), at most 15 bytes.
+func textKey(host string) string {
+	var buf [24]byte
+	return carve(append(append(buf[:0], "ip:"...), host...))
+}
+
+// carve returns a copy of b carved from a shared chunk: a fraction of an
+// allocation per key.
+func carve(b []byte) string {
 	a := arena.Get()
 	k := a.String(b)
 	arena.Put(a)

@@ -233,3 +233,63 @@ func TestRemoteIPAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainIPv4 checks RemoteIP's shortcut for IPv4 peers against the
+// general path: wherever it takes the address as written, parsing it
+// gives the same key, and it never accepts what parsing rejects.
+func TestPlainIPv4(t *testing.T) {
+	t.Parallel()
+	check := func(s string) {
+		t.Helper()
+		host, ok := plainIPv4(s)
+		addr, parsed := parseHost(s)
+		switch {
+		case ok && !parsed:
+			t.Fatalf("plainIPv4(%q) = %q, but parseHost rejects it", s, host)
+		case ok && ipKey(addr, 32, 64) != "ip:"+host:
+			t.Fatalf("plainIPv4(%q) = %q, but the key of the parsed address is %q", s, host, ipKey(addr, 32, 64))
+		case !ok && parsed && addr.Is4() && !strings.ContainsAny(s, "[%") && !strings.HasPrefix(s, "::"):
+			t.Fatalf("plainIPv4(%q) rejects an IPv4 address parseHost accepts", s)
+		}
+	}
+	for _, s := range []string{
+		"", "0.0.0.0", "255.255.255.255", "255.255.255.255:65535", "192.0.2.1:0",
+		"01.2.3.4", "1.2.3.04:1", "00.1.2.3", "0.1.2.3", "256.1.1.1", "1.2.3.256",
+		"1.2.3", "1.2.3.4.5", "1..2.3", ".1.2.3.4", "1.2.3.4.", "1.2.3.4:",
+		"1.2.3.4:65536", "1.2.3.4:80:90", "1.2.3.4%eth0", "1.2.3.4:+80", "1.2.3.4:0080",
+		"1.2.3.4:99999999999999999999", "[1.2.3.4]:80", "::ffff:1.2.3.4", "1.2.3.4 ",
+		"1.2.3.4:8a", "1.2.3.1000", "1.2.3.4:80 ",
+	} {
+		check(s)
+	}
+	// Random addresses, most of them nearly valid: four fields of one to
+	// four digits, a port of up to six digits, and now and then a byte
+	// replaced.
+	var seed uint64 = 1
+	next := func(n uint64) uint64 {
+		seed = seed*6364136223846793005 + 1442695040888963407
+		return (seed >> 33) % n
+	}
+	b := make([]byte, 0, 32)
+	for range 300_000 {
+		b = b[:0]
+		for f := range 4 {
+			if f > 0 {
+				b = append(b, '.')
+			}
+			for range next(4) + 1 {
+				b = append(b, byte('0'+next(10)))
+			}
+		}
+		if next(2) == 0 {
+			b = append(b, ':')
+			for range next(7) {
+				b = append(b, byte('0'+next(10)))
+			}
+		}
+		if next(4) == 0 {
+			b[next(uint64(len(b)))] = "0123456789.:%[ x"[next(16)]
+		}
+		check(string(b))
+	}
+}

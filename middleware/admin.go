@@ -65,7 +65,7 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 	for i, d := range out {
 		states[i] = LimitState{
 			Rule: c.Name, Policy: policyName(c.Name, c.nominal[i], len(c.limits)), Limit: c.nominal[i],
-			Remaining: nominalRemaining(d.Remaining, c.limits[i], c.nominal[i]), ResetAfter: d.ResetAfter, NextAfter: d.NextAfter,
+			Remaining: nominalRemaining(d.Remaining, &c.limits[i], &c.nominal[i]), ResetAfter: d.ResetAfter, NextAfter: d.NextAfter,
 		}
 	}
 	return states, nil

@@ -252,6 +252,8 @@ type Result struct {
 	hold     *hold  // concurrency slots to give back (Done)
 	key      string // the binding limit's key, for hashed logs
 	blocked  bool   // denied by a Deny rule
+	// prepared is the binding limit's fixed header text, if it has one.
+	prepared *headers.Prepared
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -264,7 +266,15 @@ type Result struct {
 // to reject such requests), or ErrStore when the store failed and the
 // failure policy is FailClosed. Decide never panics on bad input.
 func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
-	res, err := l.decide(r)
+	var res Result
+	err := l.decideTo(r, &res)
+	return res, err
+}
+
+// decideTo is Decide writing its Result to res, which must be zero: the
+// Result, some 300 bytes, is then never copied on the way.
+func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
+	err := l.decide(r, res)
 	if err != nil {
 		res.Err = err
 		switch {
@@ -275,11 +285,14 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 			res.Outcome = OutcomeError
 		}
 	}
-	l.cfg.observe(r, res)
-	return res, err
+	if l.cfg.hookDec != nil || len(l.cfg.observers) > 0 {
+		l.cfg.observe(r, *res) // a copy of the Result, made only when needed
+	}
+	return err
 }
 
-func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
+// decide decides r into res, which must be zero.
+func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
@@ -306,32 +319,36 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
 			}
-			return Result{Rule: rule.Name}, err
+			*res = Result{Rule: rule.Name}
+			return err
 		}
 	}
 	if b := s.blocked; b != nil {
 		// A Deny rule: nothing is charged, and no slot was taken yet.
-		res := Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
+		*res = Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
 		if l.cfg.shadow {
 			res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
 		}
-		return res, nil
+		return nil
 	}
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
 		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
-			return l.unmatchedResult(), nil
+			*res = l.unmatchedResult()
+			return nil
 		}
 		if s.shadowBlocked != nil {
-			return Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}, nil
+			*res = Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}
+			return nil
 		}
-		return Result{Allowed: true, Outcome: OutcomeUnlimited}, nil
+		*res = Result{Allowed: true, Outcome: OutcomeUnlimited}
+		return nil
 	}
 	ctx := r.Context()
 	var now time.Time
 	if l.cfg.clock != nil {
 		now = l.cfg.clock()
 	}
-	res := Result{Allowed: true}
+	res.Allowed = true // res is zero
 	var h *hold
 	slotShadowed := false
 	if len(s.slots) > 0 {
@@ -341,18 +358,20 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 		var err error
 		h, denied, slotShadowed, err = l.acquire(ctx, now, r, s.slots)
 		if err != nil {
-			return Result{}, err
+			*res = Result{}
+			return err
 		}
 		if denied != nil {
 			denied.Outcome = OutcomeDenied
-			return *denied, nil
+			*res = *denied
+			return nil
 		}
 	}
 	if len(s.charges) > 0 {
 		s.decisions = grow(s.decisions, len(s.charges))
 		allowed, err := l.take(ctx, now, s.charges, s.decisions)
 		if err != nil {
-			res, err = l.storeFailed(ctx, now, r, s, err)
+			*res, err = l.storeFailed(ctx, now, r, s, err)
 			if err != nil || !res.Limited {
 				if err != nil || !res.Allowed {
 					h.releaseNow()
@@ -360,17 +379,17 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 					res.hold = h
 				}
 				res.Shadowed = res.Shadowed || slotShadowed
-				return res, err
+				return err
 			}
 		} else {
-			res = s.result(allowed, s.charges, s.decisions, s.metas)
+			s.result(res, allowed, s.charges, s.decisions, s.metas)
 		}
 	}
 	if res.Delay > 0 && !l.cfg.shadow {
-		if err := l.wait(ctx, now, r, s, &res); err != nil {
+		if err := l.wait(ctx, now, r, s, res); err != nil {
 			h.releaseNow()
 			res.Outcome = OutcomeGaveUp
-			return res, err
+			return err
 		}
 	}
 	// A request the enforced rules deny is charged to no rule, shadow
@@ -381,8 +400,10 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 		if err != nil {
 			l.cfg.report(r, err)
 		} else if !allowed {
+			var shadow Result
+			s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
 			res.Shadowed = true
-			res.ShadowPolicy = s.result(false, s.shadow, s.shadowDec, s.shadowMetas).Policy
+			res.ShadowPolicy = shadow.Policy
 		}
 	}
 	if l.cfg.shadow && !res.Allowed {
@@ -408,7 +429,7 @@ func (l *Limiter) decide(r keyfunc.Request) (Result, error) {
 			res.Outcome = OutcomeAllowed
 		}
 	}
-	return res, nil
+	return nil
 }
 
 func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
@@ -476,7 +497,8 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	case FailLocal:
 		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
 		if ferr == nil {
-			res := s.result(allowed, s.charges, s.decisions, s.metas)
+			var res Result
+			s.result(&res, allowed, s.charges, s.decisions, s.metas)
 			res.Err, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
@@ -519,8 +541,9 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 		cost = rule.CostFunc(r)
 	}
 	cost = max(cost, 1)
-	limits, nominal, names, policy := rule.limits, rule.nominal, rule.names, rule.policy
+	limits, nominal, names, policy, prepared := rule.limits, rule.nominal, rule.names, rule.policy, rule.prepared
 	if rule.LimitsFunc != nil {
+		prepared = nil
 		var err error
 		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
 			return err
@@ -532,14 +555,20 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	for i, lim := range limits {
 		*dst = append(*dst, Charge{Key: key, Name: rule.Name, Limit: lim, Cost: cost})
-		*metas = append(*metas, chargeMeta{name: names[i], nominal: nominal[i], policy: policy})
+		m := chargeMeta{name: names[i], nominal: &nominal[i], policy: policy}
+		if prepared != nil {
+			m.prepared = prepared[i]
+		}
+		*metas = append(*metas, m)
 	}
 	return nil
 }
 
 // dynamic computes the limits of a rule with a LimitsFunc.
 func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, err error) {
-	nominal = c.LimitsFunc(r, key)
+	// A copy: the charges' metadata points into it until the result is
+	// made, and a LimitsFunc may reuse the slice it returns.
+	nominal = append([]Limit(nil), c.LimitsFunc(r, key)...)
 	ps := make([]headers.Policy, len(nominal))
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
@@ -584,6 +613,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		Next:       res.NextAfter,
 		RetryAfter: res.RetryAfter,
 		Policy:     res.policies,
+		Prepared:   res.prepared,
 	}
 	if res.Allowed {
 		v.RetryAfter = 0
@@ -601,8 +631,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		res, err := l.Decide(keyfunc.FromHTTP(r))
-		if err != nil {
+		var res Result
+		if err := l.decideTo(keyfunc.FromHTTP(r), &res); err != nil {
 			l.cfg.onError(w, r, err)
 			return
 		}
@@ -652,9 +682,10 @@ type scratch struct {
 // chargeMeta is what the result needs about each charge beyond the Store's
 // view of it.
 type chargeMeta struct {
-	name    string
-	nominal Limit
-	policy  string
+	name     string
+	nominal  *Limit // the rule's own, never written to
+	policy   string
+	prepared *headers.Prepared // nil for a LimitsFunc's limits
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -685,15 +716,16 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// result folds the decisions of one store call into a Result: the binding
-// limit is the denying one with the longest wait or, when allowed, the one
-// with the fewest requests remaining.
-func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) Result {
-	res := Result{Allowed: allowed, Limited: true}
+// result folds the decisions of one store call into res, which must be
+// zero but for Allowed: the binding limit is the denying one with the
+// longest wait or, when allowed, the one with the fewest requests
+// remaining.
+func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) {
+	res.Allowed, res.Limited = allowed, true
 	best := -1
 	for i := range ds {
 		d := &ds[i]
-		rem := nominalRemaining(d.Remaining, charges[i].Limit, metas[i].nominal)
+		rem := nominalRemaining(d.Remaining, &charges[i].Limit, metas[i].nominal)
 		switch {
 		case best < 0:
 		case !allowed:
@@ -704,7 +736,8 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 			continue
 		}
 		best = i
-		res.Policy, res.Limit, res.Remaining, res.Rule, res.key = metas[i].name, metas[i].nominal, rem, charges[i].Name, charges[i].Key
+		res.Policy, res.Limit, res.Remaining, res.Rule, res.key = metas[i].name, *metas[i].nominal, rem, charges[i].Name, charges[i].Key
+		res.prepared = metas[i].prepared
 		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
 	if allowed {
@@ -720,7 +753,6 @@ func (s *scratch) result(allowed bool, charges []Charge, ds []Decision, metas []
 			break
 		}
 	}
-	return res
 }
 
 // longerWait orders retry delays, -1 (never) being the longest.
@@ -733,7 +765,7 @@ func longerWait(a, b time.Duration) bool {
 
 // nominalRemaining reports remaining requests against the nominal limit when
 // a rule allows overage: the overage is not advertised.
-func nominalRemaining(rem int, eff, nominal Limit) int {
+func nominalRemaining(rem int, eff, nominal *Limit) int {
 	if extra := eff.Capacity() - nominal.Capacity(); extra > 0 {
 		rem = max(rem-extra, 0)
 	}

@@ -148,6 +148,8 @@ type compiledRule struct {
 	headers []condition // Headers, names canonical
 	query   []condition // Query
 	extra   bool        // the rule has Headers, Query or Match
+	// prepared holds the fixed header text of each limit of a static rule.
+	prepared []*headers.Prepared
 }
 
 // condition is one header or query parameter a rule requires.
@@ -255,6 +257,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 		for i, l := range c.Limits {
 			c.names = append(c.names, policyName(r.Name, l, len(c.Limits)))
 			ps[i] = policyOf(c.names[i], l)
+			c.prepared = append(c.prepared, headers.Prepare(c.names[i], l.Capacity()))
 		}
 		c.policy = headers.FormatPolicies(ps...)
 	}

@@ -67,3 +67,15 @@ func (a *Arena) One(s string) []string {
 	n := len(a.slots)
 	return a.slots[n-1 : n : n]
 }
+
+// Slots returns n empty strings carved from one chunk, for a
+// caller that needs several one-element slices at once: it fills each
+// and hands it out as s[i:i+1:i+1], which is what One returns.
+func (a *Arena) Slots(n int) []string {
+	if cap(a.slots)-len(a.slots) < n {
+		a.slots = make([]string, 0, max(chunkSlots, n))
+	}
+	start := len(a.slots)
+	a.slots = a.slots[:start+n]
+	return a.slots[start : start+n : start+n]
+}

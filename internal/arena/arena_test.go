@@ -66,3 +66,38 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("%.3f allocations per string, want amortised to almost none", allocs)
 	}
 }
+
+func TestSlots(t *testing.T) {
+	a := Get()
+	defer Put(a)
+	before := a.One("before")
+	var all [][]string
+	for i := range 3 * chunkSlots / 5 {
+		vs := a.Slots(5)
+		if len(vs) != 5 || cap(vs) != 5 {
+			t.Fatalf("Slots(5): len %d, cap %d", len(vs), cap(vs))
+		}
+		for j := range vs {
+			if vs[j] != "" {
+				t.Fatalf("Slots(5)[%d] = %q, want empty", j, vs[j])
+			}
+			vs[j] = string(rune('a'+j)) + string(rune('0'+i%10))
+		}
+		all = append(all, vs)
+	}
+	if got := append(a.Slots(1)[:0:0], a.One("after")...); got[0] != "after" || before[0] != "before" {
+		t.Errorf("Slots disturbed One: %q %q", before, got)
+	}
+	for i, vs := range all {
+		for j, v := range vs {
+			if want := string(rune('a'+j)) + string(rune('0'+i%10)); v != want {
+				t.Fatalf("slot %d of batch %d = %q, want %q: batches overlap", j, i, v, want)
+			}
+		}
+	}
+	one := all[0][1:2:2]
+	one = append(one, "more") // must copy, not overwrite the next slot
+	if all[0][2] != "c0" {
+		t.Errorf("append to a slot changed the next: %q", all[0])
+	}
+}

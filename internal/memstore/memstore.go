@@ -387,7 +387,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	}
 	for i := range charges {
 		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
+		if err := validate(&c.Limit); err != nil {
 			return false, fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
 		}
 		if c.Cost < 0 {
@@ -404,6 +404,9 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		now = s.now()
 	}
 	ms := now.UnixMilli()
+	if len(charges) == 1 {
+		return s.takeOne(ms, &charges[0], &out[0]), nil
+	}
 
 	var (
 		workBuf  [inlineCharges]work
@@ -479,6 +482,61 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		s.shards[si].mu.Unlock()
 	}
 	return allowed, nil
+}
+
+// validate is l.Validate(), with the usual limit, a plain sliding window,
+// accepted without a call.
+func validate(l *window.Limit) error {
+	if l.Algorithm == window.SlidingWindow && l.Requests > 0 && l.Requests <= window.MaxRequests &&
+		l.Window > 0 && l.Window <= window.MaxWindow && l.Window%time.Millisecond == 0 &&
+		l.Burst == 0 && l.Period == window.NoPeriod && l.Location == nil && l.MaxLog == 0 && l.MaxDelay == 0 {
+		return nil
+	}
+	return l.Validate()
+}
+
+// takeOne is Take for a single charge, decided as the general case
+// decides it (window.Take, then charge; window.TakeOne and DescribeTo are
+// window.Take for one charge), with less bookkeeping and a
+// shorter hold of the lock: the Decision of a counter whose state is a
+// copy (every algorithm but the sliding log, whose log is the shard's own
+// memory) is described after the lock is released.
+func (s *Store) takeOne(ms int64, c *window.Charge, out *window.Decision) bool {
+	k1, k2 := s.keyHash(c.Key)
+	id := s.ident(k1, k2, c.Name, series(&c.Limit))
+	sh := &s.shards[s.shardOf(k2)]
+	l, cost := &c.Limit, int64(c.Cost)
+	var st window.State
+	sh.mu.Lock()
+	r := sh.lookup(id)
+	if r >= 0 {
+		sh.touch(r)
+		cur, until := sh.state(r, l.Algorithm)
+		if ms < until {
+			st = cur
+		} else {
+			// It can no longer tell anything; a log's buffer may serve
+			// again.
+			st.Log = cur.Log[:0]
+		}
+	}
+	at, allowed := window.TakeOne(&st, ms, l, cost)
+	if l.Algorithm == window.SlidingLog {
+		// Described before the log is stored, which may move it.
+		window.DescribeTo(out, &st, at, l, cost, allowed)
+	}
+	if allowed && cost > 0 {
+		if r >= 0 {
+			sh.set(r, &st, until(l, &st, ms), l)
+		} else {
+			sh.insert(id, &st, until(l, &st, ms), ms, l)
+		}
+	}
+	sh.mu.Unlock()
+	if l.Algorithm != window.SlidingLog {
+		window.DescribeTo(out, &st, at, l, cost, allowed)
+	}
+	return allowed
 }
 
 // GiveBack gives back the places of charges admitted with a Delay by a

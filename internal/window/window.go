@@ -275,10 +275,10 @@ func (l Limit) Tick() int64 {
 	if n < 1<<20 && w < 1<<31 {
 		return 1 // 3 * n * w < 3 * 2^51: no division needed to know
 	}
-	maxTicks := exact / (3 * n) // W may be at most this
-	if w <= maxTicks {
-		return 1
+	if hi, lo := bits.Mul64(uint64(3*n), uint64(w)); hi == 0 && lo <= exact {
+		return 1 // w <= exact / (3 * n), without the division
 	}
+	maxTicks := exact / (3 * n) // W may be at most this
 	key := [2]int64{n, w}
 	if r, ok := ticks.Load(key); ok {
 		return r.(int64)
@@ -408,10 +408,10 @@ func Roll(s State, now, w int64) (State, int64) {
 	if now < s.Start {
 		return s, s.Start
 	}
-	switch k := (now - s.Start) / w; k {
-	case 0:
+	switch d := now - s.Start; { // (now - s.Start) / w, without dividing
+	case d < w:
 		return s, now
-	case 1:
+	case d < 2*w:
 		s = State{Start: s.Start + w, Prev: s.Curr}
 	default:
 		s = State{}
@@ -457,24 +457,31 @@ func (p params) fits(x pos, c int64) bool {
 }
 
 func (p params) describe(x pos, c int64, allowed bool) Decision {
+	var d Decision
+	p.describeTo(&d, &x, c, allowed)
+	return d
+}
+
+// describeTo is describe writing to *d, every field of which it sets.
+func (p *params) describeTo(d *Decision, x *pos, c int64, allowed bool) {
 	free := p.limit*p.w - (x.prev*(p.w-1-x.e) + x.curr*p.w)
-	d := Decision{Allowed: allowed}
+	var rem, reset, next, retry time.Duration
 	if free > 0 {
-		d.Remaining = int(free / p.w)
+		rem = time.Duration(free / p.w)
 	}
 	switch {
 	case x.curr > 0:
-		d.ResetAfter = p.ms(x, 2*p.w-1-x.e)
+		reset = p.ms(*x, 2*p.w-1-x.e)
 	case x.prev > 0:
-		d.ResetAfter = p.ms(x, p.w-1-x.e)
+		reset = p.ms(*x, p.w-1-x.e)
 	}
 	if allowed {
-		d.NextAfter = p.ms(x, p.grow(x, int64(d.Remaining), free))
+		next = p.ms(*x, p.grow(*x, int64(rem), free))
 	} else {
-		d.RetryAfter = p.ms(x, p.retry(x, c))
-		d.NextAfter = p.ms(x, p.retry(x, 1))
+		retry = p.ms(*x, p.retry(*x, c))
+		next = p.ms(*x, p.retry(*x, 1))
 	}
-	return d
+	*d = Decision{Allowed: allowed, Remaining: int(rem), ResetAfter: reset, RetryAfter: retry, NextAfter: next}
 }
 
 // ms converts a delay of d ticks from x to milliseconds: to the start of
@@ -637,6 +644,42 @@ func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
 	}
 	p := paramsOf(l)
 	return p.describe(p.pos(s, at), c, allowed)
+}
+
+// TakeOne is Take for one charge of cost c on a state of limit l, in
+// place: it rolls *s to now and, if c fits, adds it. It returns the
+// instant decided at and whether c fits; DescribeTo then gives the
+// Decision. The sliding window, the hot path of a store, is decided
+// without copying the state or the limit.
+func TakeOne(s *State, now int64, l *Limit, c int64) (at int64, ok bool) {
+	if l.Algorithm != SlidingWindow {
+		*s, at = l.Roll(*s, now)
+		if ok = Fits(*s, at, *l, c); ok {
+			Add(s, at, *l, c)
+		}
+		return at, ok
+	}
+	*s, at = Roll(*s, now, l.Window.Milliseconds())
+	p := params{limit: int64(l.Requests), r: l.Tick()}
+	p.w = l.Window.Milliseconds() / p.r
+	if ok = p.fits(p.pos(*s, at), c); ok {
+		s.Curr += c
+	}
+	return at, ok
+}
+
+// DescribeTo is Describe writing the Decision to *d, with the state and the
+// limit passed by reference: for the sliding window, the hot path of a
+// store, it copies neither.
+func DescribeTo(d *Decision, s *State, at int64, l *Limit, c int64, allowed bool) {
+	if l.Algorithm != SlidingWindow {
+		*d = Describe(*s, at, *l, c, allowed)
+		return
+	}
+	p := params{limit: int64(l.Requests), r: l.Tick()}
+	p.w = l.Window.Milliseconds() / p.r
+	x := p.pos(*s, at)
+	p.describeTo(d, &x, c, allowed)
 }
 
 // ExpiryOf is how long after now a counter of l in the rolled and charged

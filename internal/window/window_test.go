@@ -541,3 +541,65 @@ func TestExtremes(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeOneIsTake checks TakeOne and DescribeTo against Take on one
+// charge: the same state afterwards, the same verdict and Decision, for
+// every algorithm, over random requests, costs, gaps and clocks that go
+// backwards.
+func TestTakeOneIsTake(t *testing.T) {
+	t.Parallel()
+	limits := []Limit{
+		{Requests: 5, Window: time.Second},
+		{Requests: 100, Window: time.Minute},
+		{Requests: 1 << 40 / 1000, Window: time.Second},
+		{Requests: 1e9, Window: time.Hour}, // ticks of 2 ms
+		{Requests: 3, Window: 1500 * time.Millisecond, Algorithm: FixedWindow},
+		{Requests: 4, Window: time.Second, Algorithm: TokenBucket, Burst: 8},
+		{Requests: 2, Window: time.Second, Algorithm: LeakyBucket, Burst: 3},
+		{Requests: 6, Window: time.Second, Algorithm: SlidingLog},
+	}
+	var seed uint64 = 7
+	next := func(n int64) int64 {
+		seed = seed*6364136223846793005 + 1442695040888963407
+		return int64((seed >> 33) % uint64(n))
+	}
+	for _, l := range limits {
+		var a, b State
+		now := int64(1_700_000_000_000)
+		for i := range 5000 {
+			switch next(10) {
+			case 0:
+				now -= next(300) // a clock that went backwards
+			case 1:
+				now += next(3 * l.Window.Milliseconds())
+			default:
+				now += next(l.Window.Milliseconds()/4 + 1)
+			}
+			c := next(3)
+			if next(50) == 0 {
+				c = int64(l.Requests) + 1
+			}
+			states := []State{a}
+			states[0].Log = append([]Entry(nil), a.Log...)
+			charges := []Charge{{Key: "k", Name: "n", Limit: l, Cost: int(c)}}
+			out := make([]Decision, 1)
+			want := Take(states, now, charges, out)
+			at, got := TakeOne(&b, now, &l, c)
+			var d Decision
+			DescribeTo(&d, &b, at, &l, c, got)
+			if got != want || d != out[0] {
+				t.Fatalf("%v, request %d at %d cost %d: TakeOne %v %+v, Take %v %+v", l, i, now, c, got, d, want, out[0])
+			}
+			if !want {
+				states[0] = a // a denied request leaves the counter as it was
+				b = a
+				b.Log = append([]Entry(nil), a.Log...)
+			}
+			if !reflect.DeepEqual(states[0].Log, b.Log) && len(states[0].Log)+len(b.Log) > 0 ||
+				states[0].Start != b.Start || states[0].Prev != b.Prev || states[0].Curr != b.Curr {
+				t.Fatalf("%v, request %d: TakeOne left %+v, Take %+v", l, i, b, states[0])
+			}
+			a = states[0]
+		}
+	}
+}
