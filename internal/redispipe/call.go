@@ -34,9 +34,11 @@ type call struct {
 	nargs int
 	// slot is the hash slot of the first key, on a Cluster.
 	slot int
-	// deadline is the caller's deadline, if it has one.
+	// deadline is the caller's deadline, if it has one; timed is set when
+	// it is the one given to RunBy rather than the context's.
 	deadline    time.Time
 	hasDeadline bool
+	timed       bool
 
 	// cmd is the command of the latest attempt; only the lane touches it.
 	// Several calls of a batch script may share one; idx is then the
@@ -59,8 +61,9 @@ const (
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // newCall returns a pending call for script with copies of keys and args,
-// held by two parties.
-func newCall(ctx context.Context, script *redis.Script, keys []string, args []any) *call {
+// held by two parties, due by deadline (if not zero) or ctx's deadline,
+// whichever comes first.
+func newCall(ctx context.Context, deadline time.Time, script *redis.Script, keys []string, args []any) *call {
 	c := callPool.Get().(*call)
 	c.script = infoOf(script)
 	c.nkeys, c.nargs = len(keys), len(args)
@@ -80,6 +83,9 @@ func newCall(ctx context.Context, script *redis.Script, keys []string, args []an
 		c.args = append(c.args, a)
 	}
 	c.deadline, c.hasDeadline = ctx.Deadline()
+	if !deadline.IsZero() && (!c.hasDeadline || deadline.Before(c.deadline)) {
+		c.deadline, c.hasDeadline, c.timed = deadline, true, true
+	}
 	c.refs.Store(2)
 	return c
 }
@@ -170,17 +176,46 @@ func (c *call) complete(val any, err error) {
 	}
 }
 
-// wait waits for the call's outcome or for ctx to end, whichever comes
-// first, and drops the caller's reference.
+// wait waits for the call's outcome or for ctx or the call's own deadline
+// (see RunBy) to end, whichever comes first, and drops the caller's
+// reference.
 func (c *call) wait(ctx context.Context) (any, error) {
+	var cause error
 	select {
 	case <-c.done:
-	case <-ctx.Done():
+	default:
+		var expired <-chan time.Time
+		var t *time.Timer
+		if c.timed {
+			t = timerPool.Get().(*time.Timer)
+			t.Reset(time.Until(c.deadline))
+			expired = t.C
+		}
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-expired:
+			cause = context.DeadlineExceeded
+		}
+		if t != nil {
+			if !t.Stop() {
+				// Fired: with the timers of Go before 1.23 (or
+				// GODEBUG=asynctimerchan=1) its value may be waiting.
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+			timerPool.Put(t)
+		}
+	}
+	if cause != nil {
 		if c.state.CompareAndSwap(pending, completed) {
 			// Nobody will send now; whoever holds the other reference
 			// sees the call is no longer pending and discards any reply.
 			c.release()
-			return nil, fmt.Errorf("redispipe: no reply in time: %w", context.Cause(ctx))
+			return nil, fmt.Errorf("redispipe: no reply in time: %w", cause)
 		}
 		<-c.done // the outcome is being delivered
 	}
@@ -188,6 +223,13 @@ func (c *call) wait(ctx context.Context) (any, error) {
 	c.release()
 	return val, err
 }
+
+// timerPool holds stopped timers for the deadlines of RunBy.
+var timerPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // release drops one reference, and recycles the call after the last.
 func (c *call) release() {
@@ -197,7 +239,7 @@ func (c *call) release() {
 	clear(c.args)
 	c.args = c.args[:0]
 	c.script, c.cmd, c.val, c.err, c.idx = nil, nil, nil, nil, 0
-	c.deadline, c.hasDeadline = time.Time{}, false
+	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
 	c.state.Store(pending)
 	callPool.Put(c)
 }

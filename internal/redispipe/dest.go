@@ -469,7 +469,7 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 	return group[:0], args
 }
 
-// tryDirect reports whether a call with ctx may be sent by its caller
+// tryDirect reports whether call c may be sent by its caller
 // itself, and if so counts it in flight. That is the case when the
 // destination is idle (up, with nothing queued or in flight), so that
 // there is nothing to batch the call with: sending it from the caller's
@@ -480,13 +480,13 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 // must leave room for that twice (a write and a read), and without
 // directTimeout (stall detection off) only callers without a deadline
 // may call directly.
-func (d *dest) tryDirect(ctx context.Context) bool {
+func (d *dest) tryDirect(c *call) bool {
 	p := d.p
 	if p.noDirect || p.send != nil {
 		return false
 	}
-	if dl, ok := ctx.Deadline(); ok && !d.client.Load().Options().ContextTimeoutEnabled {
-		if p.directTimeout <= 0 || time.Until(dl) < 2*p.directTimeout {
+	if c.hasDeadline && !d.client.Load().Options().ContextTimeoutEnabled {
+		if p.directTimeout <= 0 || time.Until(c.deadline) < 2*p.directTimeout {
 			return false
 		}
 	}
@@ -515,9 +515,13 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	client, run := d.clone.Load(), ctx
 	if client == nil {
 		client = d.client.Load()
-		if t := d.p.directTimeout; t > 0 {
+		dl, ok := c.deadline, c.hasDeadline
+		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
+			dl, ok = time.Now().Add(t), true
+		}
+		if ok {
 			var cancel context.CancelFunc
-			run, cancel = context.WithTimeout(ctx, t)
+			run, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
 		}
 	}

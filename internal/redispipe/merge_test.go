@@ -263,3 +263,42 @@ func TestDirectCallStall(t *testing.T) {
 		t.Fatalf("state changes %s, want down (stalled), ..., up", describe(ev))
 	}
 }
+
+// TestRunByDeadline hangs the server with stall detection off, so that
+// only the deadline given to RunBy can end the wait (the context has
+// none, and go-redis would wait for its ReadTimeout of 3 s): each call
+// must return at its deadline, and the timers it used must not end later
+// calls early.
+func TestRunByDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	key := srv.Prefix(t) + "deadline"
+	p := newPipeliner(t, srv.Client(t, nil), Config{StallThreshold: -1})
+	ctx := context.Background()
+	if _, err := p.RunBy(ctx, time.Now().Add(time.Second), batchDecide, []string{key}, decideArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	for _, wait := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+		start := time.Now()
+		_, err := p.RunBy(ctx, start.Add(wait), batchDecide, []string{key}, decideArgs...)
+		took := time.Since(start)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("RunBy on a hung server: %v, want a deadline error", err)
+		}
+		if took < wait || took > wait+slowCall {
+			t.Errorf("RunBy with %s to wait returned after %s", wait, took)
+		}
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// Calls answered before their deadline are not ended by it.
+	for i := 0; i < 50; i++ {
+		if _, err := p.RunBy(ctx, time.Now().Add(2*time.Second), batchDecide, []string{key}, decideArgs...); err != nil {
+			t.Fatalf("call %d after the resume: %v", i, err)
+		}
+	}
+}

@@ -257,8 +257,11 @@ type scratch struct {
 	run    []string
 	args   []any
 	ints   []int64
-	info   []counter
-	order  []int
+	// deadline is the deadline of every script run of a Take (zero for
+	// none), on top of its context's.
+	deadline time.Time
+	info     []counter
+	order    []int
 }
 
 // counter is what the script read of one charge's counter, before the
@@ -455,10 +458,17 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 	sc.info = sc.info[:len(charges)]
 
 	parent := ctx
+	sc.deadline = time.Time{}
 	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
+		if s.pipe != nil {
+			// The pipeline keeps the deadline of every run of the
+			// request, without a context made for each.
+			sc.deadline = time.Now().Add(s.timeout)
+		} else {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+		}
 	}
 
 	if !s.split || sameKey(charges) {
@@ -544,7 +554,13 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, nowMs int64
 		args = appendArgs(args, sc.fields[i], &charges[i], nowMs)
 	}
 	sc.run, sc.args = keys, args
-	v, err := s.eval(ctx, script, keys, args)
+	var v any
+	var err error
+	if s.pipe != nil {
+		v, err = s.pipe.RunBy(ctx, sc.deadline, script, keys, args...)
+	} else {
+		v, err = s.eval(ctx, script, keys, args)
+	}
 	clear(sc.run)
 	clear(sc.args)
 	if err != nil {
