@@ -104,92 +104,23 @@ local floor, min, max = math.floor, math.min, math.max
 -- the server's (TIME), read once per run, when a request first needs it.
 local now, clock
 -- Tables that every request reuses, since requests are decided one at a
--- time: st (see decide), and total and link of a request with one charge.
+-- time: st (see below), and total and link of a request with one charge.
 local stShared, total1, noLink = {}, {}, {}
 
--- single is set when the run decides one request, whose counters are
--- then read and written directly. Otherwise, the run keeps the counters it
--- reads and writes, by field: val[f] is the value (false if none) of field
--- f of bucket at[f]. Writes stay there, and are made once per counter when
--- every request has been decided (flush): many requests for one hot
--- counter then cost one HGET and one HSET. A field that two buckets of one
--- run both have (a 96-bit collision across buckets) is read and written
--- directly for the second one.
-local calls = tonumber(ARGV[1])
-local single = calls == 1
-local val, at, isDirty, dirty, ndirty = nil, nil, nil, nil, 0
--- The buckets whose expiry is to be extended (pkeys, npk) and the TTL for
--- each (ttlOf).
-local ttlOf, pkeys, npk = nil, nil, 0
-if not single then
-  val, at, isDirty, dirty = {}, {}, {}, {}
-  ttlOf, pkeys = {}, {}
-end
+-- The counter last read or written in this run (bucket lkey, field lfield,
+-- value lval, false if none), so that requests in a row for one counter
+-- cost one HGET and one HSET: its write waits (ldirty) until the run
+-- reads another counter or ends, with the TTL its bucket is to be
+-- extended to then (lttl, 0 for none). Scalars, not a table of counters,
+-- and no helper functions: making tables and closures on every run would
+-- cost more than it saves when requests are for different counters.
+local lkey, lfield, lval, ldirty, lttl = false, false, false, false, 0
 -- The buckets sampled for expired counters in this run, and those of them
--- that did not exist (fresh); made when a request adds a counter.
+-- that did not exist (fresh); made when a request adds a counter. Expiries
+-- are only ever extended, so that a bucket outlives all its counters;
+-- every bucket has one from its first write on: one that did not exist
+-- gets a plain PEXPIRE, since GT leaves a key without a TTL alone.
 local sampled, fresh
-
-local function read(key, field)
-  if single then
-    return redis.call('HGET', key, field)
-  end
-  local k = at[field]
-  if k == key then
-    return val[field]
-  end
-  local v = redis.call('HGET', key, field)
-  if k == nil then
-    at[field], val[field] = key, v
-  end
-  return v
-end
-
-local function write(key, field, value)
-  if single then
-    redis.call('HSET', key, field, value)
-    return
-  end
-  local k = at[field]
-  if k ~= nil and k ~= key then
-    redis.call('HSET', key, field, value)
-    return
-  end
-  at[field], val[field] = key, value
-  if not isDirty[field] then
-    isDirty[field] = true
-    ndirty = ndirty + 1
-    dirty[ndirty] = field
-  end
-end
-
--- extend makes bucket key live at least ttl ms more, at the end of the
--- run, or at once for a single request. Expiries are only ever extended,
--- so that a bucket outlives all its counters; every bucket has one from
--- its first write on (a bucket that did not exist gets a plain PEXPIRE,
--- since GT leaves a key without a TTL alone).
-local function pexpire(key, ttl)
-  if fresh and fresh[key] then
-    redis.call('PEXPIRE', key, ttl)
-    fresh[key] = false
-  else
-    redis.call('PEXPIRE', key, ttl, 'GT')
-  end
-end
-
-local function extend(key, ttl)
-  if single then
-    pexpire(key, ttl)
-    return
-  end
-  local t = ttlOf[key]
-  if t == nil then
-    npk = npk + 1
-    pkeys[npk] = key
-    ttlOf[key] = ttl
-  elseif ttl > t then
-    ttlOf[key] = ttl
-  end
-end
 -- Helpers, made on first use: making these closures on every run would
 -- cost the sliding-window path a tenth of its time.
 --   rollToken(s, r0, level, rate, burst, win, r, w) is window.Limit.Roll
@@ -204,9 +135,18 @@ end
 --     has stopped mattering at now; values of no known form are kept.
 local rollToken, leaving, expired
 
--- decide decides the request whose keys follow KEYS[kb] and whose
--- arguments follow ARGV[ab], with n keys, and returns its reply.
-local function decide(kb, n, ab)
+-- The batch protocol of redispipe.NewBatchScript: ARGV[1] requests, the
+-- numbers of keys and arguments of each, then their arguments in turn.
+-- Request q has n keys, after KEYS[kb], and its arguments follow ARGV[ab].
+-- A request whose reply is an error reply (fail) fails alone; an error
+-- that Redis raises fails the run, and what it wrote stays written, as for
+-- a script of one request.
+local calls = tonumber(ARGV[1])
+local replies = {}
+local kb, ab = 0, 1 + 2 * calls
+for q = 1, calls do
+  local n, na = tonumber(ARGV[2 * q]), tonumber(ARGV[2 * q + 1])
+  local fail, reply
   if ARGV[ab + 1] == '' then
     if not clock then
       local t = redis.call('TIME')
@@ -225,7 +165,25 @@ local function decide(kb, n, ab)
   local a = ab + 3
   for i = 1, n do
     local field, code = ARGV[a], ARGV[a + 1]
-    local v = read(KEYS[kb + i], field)
+    local key = KEYS[kb + i]
+    local v
+    if lfield == field and lkey == key then
+      v = lval
+    else
+      if ldirty then
+        redis.call('HSET', lkey, lfield, lval)
+        if lttl > 0 then
+          if fresh and fresh[lkey] then
+            redis.call('PEXPIRE', lkey, lttl)
+            fresh[lkey] = false
+          else
+            redis.call('PEXPIRE', lkey, lttl, 'GT')
+          end
+        end
+      end
+      v = redis.call('HGET', key, field)
+      lkey, lfield, lval, ldirty, lttl = key, field, v, false, 0
+    end
     local x
     if code == '0' then
       -- Sliding window: window.Roll and window.Fits.
@@ -351,10 +309,11 @@ local function decide(kb, n, ab)
           ws, we = b0, b1
         else
           -- Nothing was written yet.
-          return redis.error_reply(string.format(
+          fail = redis.error_reply(string.format(
             'ERR sluice: instant %.0f lies outside the calendar periods [%.0f, %.0f) ' ..
             'worked out by the caller: its clock is more than a period away from ' ..
             'the Redis server\'s', now, b0, b3))
+          break
         end
         if c0 == 0 or s0 ~= ws then
           s, e, c = ws, we, 0
@@ -423,13 +382,14 @@ local function decide(kb, n, ab)
       x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
         exp0, v, first, win}
     else
-      return redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
+      fail = redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
+      break
     end
     st[i] = x
     all = all and x[1]
   end
 
-  if charge and all then
+  if not fail and charge and all then
     -- One write per counter, with every cost charged to it: the first charge
     -- of a counter writes the total; link chains the others.
     local total, link = total1, noLink
@@ -487,8 +447,8 @@ local function decide(kb, n, ab)
             local f = sample[j]
             if f ~= field and expired(sample[j + 1]) then
               redis.call('HDEL', key, f)
-              if at and at[f] == key and not isDirty[f] then
-                val[f] = false
+              if lkey == key and lfield == f and not ldirty then
+                lval = false
               end
             end
           end
@@ -560,55 +520,52 @@ local function decide(kb, n, ab)
             exp = x[12]
           end
         end
-        write(key, field, value)
-        if exp then
-          extend(key, max(1, exp - now))
+        local ttl = exp and max(1, exp - now) or 0
+        if lfield == field and lkey == key then
+          lval, ldirty, lttl = value, true, max(lttl, ttl)
+        else
+          redis.call('HSET', key, field, value)
+          if ttl > 0 then
+            if fresh and fresh[key] then
+              redis.call('PEXPIRE', key, ttl)
+              fresh[key] = false
+            else
+              redis.call('PEXPIRE', key, ttl, 'GT')
+            end
+          end
         end
       end
     end
   end
 
   -- The reply, in 8-byte integers.
-  local x = st[1]
-  if n == 1 then
-    return pack('<i8i8i8i8i8i8i8i8i8', all and 1 or 0, now,
+  if fail then
+    reply = fail
+  elseif n == 1 then
+    local x = st[1]
+    reply = pack('<i8i8i8i8i8i8i8i8i8', all and 1 or 0, now,
       x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+  else
+    local out = {pack('<i8i8', all and 1 or 0, now)}
+    for i = 1, n do
+      local x = st[i]
+      out[i + 1] = pack('<i8i8i8i8i8i8i8', x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+    end
+    reply = table.concat(out)
   end
-  local out = {pack('<i8i8', all and 1 or 0, now)}
-  for i = 1, n do
-    x = st[i]
-    out[i + 1] = pack('<i8i8i8i8i8i8i8', x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
-  end
-  return table.concat(out)
+  replies[q] = reply
+  kb, ab = kb + n, ab + na
 end
 
--- The batch protocol of redispipe.NewBatchScript: ARGV[1] requests, the
--- numbers of keys and arguments of each, then their arguments in turn.
--- A request that fails (an error reply, or an error raised by Redis) fails
--- alone; what it wrote before stays written, as for a script of its own.
-local replies = {}
-local kb, ab = 0, 1 + 2 * calls
-for i = 1, calls do
-  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local ok, r = pcall(decide, kb, nk, ab)
-  if not ok then
-    if type(r) == 'table' and r.err then
-      r = {err = r.err}
+-- The last counter's write.
+if ldirty then
+  redis.call('HSET', lkey, lfield, lval)
+  if lttl > 0 then
+    if fresh and fresh[lkey] then
+      redis.call('PEXPIRE', lkey, lttl)
     else
-      r = {err = 'ERR sluice: ' .. tostring(r)}
+      redis.call('PEXPIRE', lkey, lttl, 'GT')
     end
   end
-  replies[i] = r
-  kb, ab = kb + nk, ab + na
-end
-
--- The writes kept, then the expiries (see extend).
-for j = 1, ndirty do
-  local f = dirty[j]
-  redis.call('HSET', at[f], f, val[f])
-end
-for j = 1, npk do
-  local key = pkeys[j]
-  pexpire(key, ttlOf[key])
 end
 return replies
