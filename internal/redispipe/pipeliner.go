@@ -88,7 +88,7 @@ const (
 	DefaultMaxBatch = 128
 	// DefaultMaxInFlight is the number of batches that may be outstanding
 	// to the server of a *redis.Client when Config.MaxInFlight is zero.
-	DefaultMaxInFlight = 2
+	DefaultMaxInFlight = 4
 	// DefaultMaxInFlightPerNode is the number of batches that may be
 	// outstanding to each master of a *redis.ClusterClient, or each shard
 	// of a *redis.Ring, when Config.MaxInFlight is zero: these already have
