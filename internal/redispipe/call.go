@@ -26,8 +26,8 @@ type call struct {
 	script *scriptInfo
 	// args is the whole command: EVALSHA, the hash, the number of keys,
 	// the keys, then the arguments; for a batch script, the arguments
-	// start with the batch protocol's header for one call (1, the number
-	// of keys, the number of arguments).
+	// start with the batch protocol's header for one call (1, then its
+	// numbers of keys and of arguments).
 	args  []any
 	nkeys int
 	// nargs is the number of the caller's arguments.
@@ -72,7 +72,7 @@ func newCall(ctx context.Context, deadline time.Time, script *redis.Script, keys
 		c.args = append(c.args, k)
 	}
 	if c.script.batch {
-		c.args = append(c.args, 1, len(keys), len(args))
+		c.args = append(c.args, 1, headerOf(len(keys), len(args)))
 	}
 	for _, a := range args {
 		if b, ok := a.([]byte); ok {
@@ -151,10 +151,11 @@ func mergeCmd(ctx context.Context, group []*call, buf []any) []any {
 	for _, c := range group {
 		args = append(args, c.args[3:3+c.nkeys]...)
 	}
-	args = append(args, len(group))
+	var head []byte
 	for _, c := range group {
-		args = append(args, c.nkeys, c.nargs)
+		head = AppendHeader(head, c.nkeys, c.nargs)
 	}
+	args = append(args, len(group), string(head))
 	for _, c := range group {
 		args = append(args, c.ownArgs()...)
 	}

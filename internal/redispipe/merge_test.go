@@ -22,9 +22,9 @@ import (
 var batchDecide = NewBatchScript(`
 local n = tonumber(ARGV[1])
 local out = {}
-local kb, ab = 0, 1 + 2 * n
+local kb, ab = 0, 2
 for i = 1, n do
-	local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+	local nk, na = struct.unpack('<HH', ARGV[2], 4 * i - 3)
 	local key = KEYS[kb + 1]
 	if ARGV[ab + 1] == 'fail' then
 		out[i] = {err = 'ERR asked to fail for ' .. key}

@@ -33,9 +33,11 @@ var batchScripts sync.Map // *redis.Script → struct{}
 // script once for all of them. src must speak this protocol:
 //
 //   - KEYS holds the keys of every call, one call after the other;
-//   - ARGV[1] is the number of calls n, ARGV[2i] and ARGV[2i+1] the number
-//     of keys and of arguments of call i (1 <= i <= n), and the arguments
-//     of every call follow, one call after the other, from ARGV[2n+2] on;
+//   - ARGV[1] is the number of calls n; ARGV[2] holds, for each call in
+//     turn, its number of keys and its number of arguments, as 2-byte
+//     little-endian unsigned integers (struct.unpack('<HH', ARGV[2],
+//     4*i-3) for call i); the arguments of every call follow, one call
+//     after the other, from ARGV[3] on;
 //   - the reply is an array of n replies, the i-th being call i's: its
 //     value, or an error reply ({err = "..."}) that fails call i alone.
 //
@@ -107,12 +109,40 @@ func RunDirect(ctx context.Context, c redis.Scripter, script *redis.Script, keys
 	if !info.batch {
 		return script.Run(ctx, c, keys, args...).Result()
 	}
-	all := make([]any, 0, 3+len(args))
-	all = append(all, 1, len(keys), len(args))
+	all := make([]any, 0, 2+len(args))
+	all = append(all, 1, headerOf(len(keys), len(args)))
 	all = append(all, args...)
 	val, err := script.Run(ctx, c, keys, all...).Result()
 	if err != nil {
 		return val, err
 	}
 	return subReply(val, 0)
+}
+
+// AppendHeader appends to b the numbers of keys and of arguments of a call
+// in the form ARGV[2] of a batch script holds them (see NewBatchScript).
+// A call may have at most 65,535 of each.
+func AppendHeader(b []byte, nkeys, nargs int) []byte {
+	return append(b, byte(nkeys), byte(nkeys>>8), byte(nargs), byte(nargs>>8))
+}
+
+// oneHeader holds the header of a call on its own, boxed as a command
+// argument, for up to 8 keys and 8 arguments, so that most calls need not
+// make one.
+var oneHeader = func() (t [9][9]any) {
+	for k := range t {
+		for a := range t[k] {
+			t[k][a] = string(AppendHeader(nil, k, a))
+		}
+	}
+	return t
+}()
+
+// headerOf returns the header of a call on its own with nkeys keys and
+// nargs arguments, boxed as a command argument.
+func headerOf(nkeys, nargs int) any {
+	if nkeys < len(oneHeader) && nargs < len(oneHeader[0]) {
+		return oneHeader[nkeys][nargs]
+	}
+	return string(AppendHeader(nil, nkeys, nargs))
 }

@@ -589,7 +589,7 @@ func chargeOnce(t *testing.T, s *Store, ch window.Charge, now time.Time) (*scrat
 	cs := []window.Charge{ch}
 	sc := &scratch{keys: []string{string(s.appendKey(nil, ch.Key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
 	ms := window.Millis(now)
-	if ok, _, err := s.run(context.Background(), sc, strconv.FormatInt(ms, 10), ms, modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
+	if ok, _, err := s.run(context.Background(), sc, ms, true, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 		t.Fatalf("charge %s at %s: %v, %v", ch.Limit, now, ok, err)
 	}
 	return sc, cs
@@ -747,7 +747,10 @@ func TestCalendarClockSkew(t *testing.T) {
 		ch := []window.Charge{xc(key, "d", day, 1)}
 		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &ch[0]))}, info: make([]counter, 1)}
 		out := make([]window.Decision, 1)
-		ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(app.Add(skew)), 10), window.Millis(app), modeCharge, ch, []int{0}, out)
+		// The script decides at the skewed instant, with the calendar
+		// boundaries the app server worked out around its own.
+		req := appendCharge(appendRequest(nil, window.Millis(app.Add(skew)), true), sc.fields[0], &ch[0], window.Millis(app))
+		ok, _, err := s.send(ctx, sc, req, true, ch, []int{0}, out)
 		return ok, out[0], err
 	}
 	// Redis 13 h ahead is in the next day, 15 h behind in the day before

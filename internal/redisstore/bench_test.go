@@ -381,20 +381,21 @@ func BenchmarkScript(b *testing.B) {
 				p := c.Pipeline()
 				for i := from; i < from+n; {
 					var keys []string
-					args := []any{min(per, from+n-i)}
+					var head []byte
 					var rest []any
 					for j := 0; j < per && i < from+n; j, i = j+1, i+1 {
 						k := i % keys0
-						now := ""
+						nowMs := int64(-1)
 						if tc.full > 0 {
 							clock[k]++
-							now = strconv.FormatInt(base+clock[k], 10)
+							nowMs = base + clock[k]
 						}
 						ch := window.Charge{Limit: tc.limit, Cost: 1}
 						keys = append(keys, ks[k])
-						args = append(args, 1, 5)
-						rest = appendArgs(append(rest, now, modeCharge), fs[k], &ch, -1)
+						head = redispipe.AppendHeader(head, 1, 1)
+						rest = append(rest, string(appendCharge(appendRequest(nil, nowMs, true), fs[k], &ch, -1)))
 					}
+					args := []any{len(rest), string(head)}
 					script.EvalSha(ctx, p, keys, append(args, rest...)...)
 				}
 				if _, err := p.Exec(ctx); err != nil {

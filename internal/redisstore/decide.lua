@@ -8,22 +8,22 @@
 -- algorithm that a request names.
 --
 -- One run decides many requests, as redispipe.NewBatchScript describes:
--- ARGV[1] is the number of requests, then come the numbers of keys and of
--- arguments of each, then each request's arguments in turn; KEYS holds each
--- request's keys in turn, and the reply is the array of each request's
--- reply (or error reply). Requests are decided one after the other, each
--- seeing what those before it wrote; every counter read is kept for the
--- rest of the run, and written once at its end. The server's clock is read
--- once, for the first request that needs it. For one request:
+-- ARGV[1] is the number of requests, ARGV[2] the numbers of keys and of
+-- arguments of each (2-byte integers), then come the requests' arguments
+-- in turn; KEYS holds each request's keys in turn, and the reply is the
+-- array of each request's reply (or error reply). Requests are decided one
+-- after the other, each seeing what those before it wrote; requests in a
+-- row for one counter read it once and write it once. The server's clock
+-- is read once, for the first request that needs it. Every number is an
+-- 8-byte little-endian signed integer (struct "<i8"), which spares the
+-- script parsing decimal strings. For one request:
 --
 -- KEYS[i]  the bucket of charge i: a HASH holding the counters of many
 --          clients, one field per counter.
--- ARGV[1]  now in Unix ms, or "" to read the server's clock (TIME).
--- ARGV[2]  "1" to charge, "0" for a dry run that decides but never writes.
--- Then, for each charge in turn, its field, its algorithm's code, and
--- that algorithm's numbers (durations in ms) in one argument, as 8-byte
--- little-endian signed integers (struct "<i8..."), which spares the script
--- parsing decimal strings:
+-- One argument: now in Unix ms (-1 to read the server's clock, TIME), one
+-- byte (1 to charge, 0 for a dry run that decides but never writes), then
+-- for each charge in turn its field (12 bytes), its algorithm's code (one
+-- character) and that algorithm's numbers (durations in ms):
 --   "0" sliding window        limit, window, tick, cost
 --   "1" fixed window          limit, window, cost
 --   "2" sliding log           limit, window, cost
@@ -143,28 +143,30 @@ local rollToken, leaving, expired
 -- a script of one request.
 local calls = tonumber(ARGV[1])
 local replies = {}
-local kb, ab = 0, 1 + 2 * calls
+local kb, ab = 0, 2
 for q = 1, calls do
-  local n, na = tonumber(ARGV[2 * q]), tonumber(ARGV[2 * q + 1])
+  local n, na = unpack('<HH', ARGV[2], 4 * q - 3)
+  local req = ARGV[ab + 1]
+  local at0, mode = unpack('<i8B', req)
   local fail, reply
-  if ARGV[ab + 1] == '' then
+  if at0 < 0 then
     if not clock then
       local t = redis.call('TIME')
       clock = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
     end
     now = clock
   else
-    now = tonumber(ARGV[ab + 1])
+    now = at0
   end
-  local charge = ARGV[ab + 2] == '1'
+  local charge = mode == 1
 
   -- st[i]: {allowed, the 6 integers of the reply after it, cost, field,
   -- code, absent, then what the write needs}
   local st = stShared
   local all = true
-  local a = ab + 3
+  local a = 10
   for i = 1, n do
-    local field, code = ARGV[a], ARGV[a + 1]
+    local field, code = sub(req, a, a + 11), sub(req, a + 12, a + 12)
     local key = KEYS[kb + i]
     local v
     if lfield == field and lkey == key then
@@ -187,8 +189,8 @@ for q = 1, calls do
     local x
     if code == '0' then
       -- Sliding window: window.Roll and window.Fits.
-      local limit, w, r, cost = unpack('<i8i8i8i8', ARGV[a + 2])
-      a = a + 3
+      local limit, w, r, cost = unpack('<i8i8i8i8', req, a + 13)
+      a = a + 45
       local s, p, c, s0
       if v and #v == 32 then
         s, p, c = unpack('<dddd', v)
@@ -226,12 +228,13 @@ for q = 1, calls do
       -- (leaky.go).
       local rate, burst, win, r, cost, wait
       if code == '5' then
-        rate, burst, win, r, wait, cost = unpack('<i8i8i8i8i8i8', ARGV[a + 2])
+        rate, burst, win, r, wait, cost = unpack('<i8i8i8i8i8i8', req, a + 13)
+        a = a + 61
       else
-        rate, burst, win, r, cost = unpack('<i8i8i8i8i8', ARGV[a + 2])
+        rate, burst, win, r, cost = unpack('<i8i8i8i8i8', req, a + 13)
         wait = -1
+        a = a + 53
       end
-      a = a + 3
       if not rollToken then
         rollToken = function(s, r0, level, rate, burst, win, r, w)
           local base = now - now % r
@@ -283,11 +286,12 @@ for q = 1, calls do
       -- Fixed window (internal/window/fixed.go).
       local limit, cost, win, b0, b1, b2, b3
       if code == '1' then
-        limit, win, cost = unpack('<i8i8i8', ARGV[a + 2])
+        limit, win, cost = unpack('<i8i8i8', req, a + 13)
+        a = a + 37
       else
-        limit, cost, b0, b1, b2, b3 = unpack('<i8i8i8i8i8i8', ARGV[a + 2])
+        limit, cost, b0, b1, b2, b3 = unpack('<i8i8i8i8i8i8', req, a + 13)
+        a = a + 61
       end
-      a = a + 3
       local s0, e0, c0 = -1, 0, 0
       if v and #v == 21 and byte(v, 1) == 70 then
         local _
@@ -323,8 +327,8 @@ for q = 1, calls do
       x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
     elseif code == '2' then
       -- Sliding log (internal/window/log.go).
-      local limit, win, cost = unpack('<i8i8i8', ARGV[a + 2])
-      a = a + 3
+      local limit, win, cost = unpack('<i8i8i8', req, a + 13)
+      a = a + 37
       local at, count, first, len, exp0 = now, 0, 12, 0, -1
       if v then
         len = #v

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -16,15 +15,15 @@ import (
 // scriptCall returns the keys and arguments of the decision script for a
 // request of charges at the explicit instant nowMs, as Store.run sends
 // them (all charges in one run, as on a standalone server).
-func scriptCall(s *Store, nowMs int64, mode any, charges []window.Charge) ([]string, []any) {
-	args := []any{strconv.FormatInt(nowMs, 10), mode}
+func scriptCall(s *Store, nowMs int64, charge bool, charges []window.Charge) ([]string, []any) {
+	req := appendRequest(nil, nowMs, charge)
 	var keys []string
 	for i := range charges {
 		c := &charges[i]
 		keys = append(keys, string(s.appendKey(nil, c.Key)))
-		args = appendArgs(args, string(appendField(nil, c)), c, nowMs)
+		req = appendCharge(req, string(appendField(nil, c)), c, nowMs)
 	}
-	return keys, args
+	return keys, []any{string(req)}
 }
 
 // TestMergedRunsMatchAlone sends the requests of the cross-check table
@@ -67,10 +66,7 @@ func TestMergedRunsMatchAlone(t *testing.T) {
 	var want []any
 	var wantErr []error
 	for i, st := range steps {
-		mode := modeCharge
-		if i%7 == 3 {
-			mode = modeDryRun
-		}
+		mode := i%7 != 3 // a dry run now and then
 		nowMs := st.at.UnixMilli()
 		keys, args := scriptCall(alone, nowMs, mode, st.charges)
 		v, err := redispipe.RunDirect(ctx, c, script, keys, args...)
@@ -80,9 +76,9 @@ func TestMergedRunsMatchAlone(t *testing.T) {
 		if i == len(steps)/2 {
 			// The boundaries worked out for an instant a year later.
 			later := st.at.AddDate(1, 0, 0).UnixMilli()
-			keys, args := scriptCall(merged, later, modeCharge, bad)
-			args[0] = strconv.FormatInt(nowMs, 10)
-			reqs = append(reqs, req{keys, args})
+			keys := []string{string(merged.appendKey(nil, bad[0].Key))}
+			arg := appendCharge(appendRequest(nil, nowMs, true), string(appendField(nil, &bad[0])), &bad[0], later)
+			reqs = append(reqs, req{keys, []any{string(arg)}})
 			want, wantErr = append(want, nil), append(wantErr, errors.New("lies outside the calendar periods"))
 		}
 	}
@@ -91,14 +87,14 @@ func TestMergedRunsMatchAlone(t *testing.T) {
 	for from := 0; from < len(reqs); from += 16 {
 		batch := reqs[from:min(from+16, len(reqs))]
 		var keys []string
-		head := []any{len(batch)}
+		var head []byte
 		var rest []any
 		for _, r := range batch {
 			keys = append(keys, r.keys...)
-			head = append(head, len(r.keys), len(r.args))
+			head = redispipe.AppendHeader(head, len(r.keys), len(r.args))
 			rest = append(rest, r.args...)
 		}
-		v, err := script.Run(ctx, c, keys, append(head, rest...)...).Result()
+		v, err := script.Run(ctx, c, keys, append([]any{len(batch), string(head)}, rest...)...).Result()
 		if err != nil {
 			t.Fatalf("run of requests %d to %d: %v", from, from+len(batch)-1, err)
 		}

@@ -147,7 +147,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -203,13 +202,6 @@ var (
 	codeLeaky    any = "5"
 )
 
-// The script's mode argument, boxed once: converting a string variable to
-// an interface allocates.
-var (
-	modeDryRun any = "0"
-	modeCharge any = "1"
-)
-
 // Config configures a Store. The zero value is ready to use.
 type Config struct {
 	// Prefix starts every key the store writes. It may not contain '{' or
@@ -256,6 +248,7 @@ type scratch struct {
 	fields []string
 	run    []string
 	args   []any
+	req    []byte
 	ints   []int64
 	// deadline is the deadline of every script run of a Take (zero for
 	// none), on top of its context's.
@@ -426,7 +419,7 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 	if len(charges) == 0 {
 		return true, 0, nil
 	}
-	nowArg, nowMs := "", int64(-1)
+	nowMs := int64(-1)
 	if !now.IsZero() {
 		nowMs = now.UnixMilli()
 		if nowMs < 0 {
@@ -435,7 +428,6 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 		if nowMs > maxNow {
 			return false, 0, fmt.Errorf("redisstore: now %s is after %s, the latest instant the store can count at", now, time.UnixMilli(maxNow).UTC())
 		}
-		nowArg = strconv.FormatInt(nowMs, 10)
 	}
 
 	sc := s.scratch.Get().(*scratch)
@@ -476,14 +468,14 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 		for i := range charges {
 			sc.order = append(sc.order, i)
 		}
-		return s.run(ctx, sc, nowArg, nowMs, modeCharge, charges, sc.order, out)
+		return s.run(ctx, sc, nowMs, true, charges, sc.order, out)
 	}
-	return s.takeSplit(ctx, parent, sc, nowArg, nowMs, charges, out)
+	return s.takeSplit(ctx, parent, sc, nowMs, charges, out)
 }
 
 // takeSplit decides a request whose charges have several Keys on a client
 // that shards by key: one script run per Key, with refunds on a deny.
-func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg string, nowMs int64, charges []window.Charge, out []window.Decision) (bool, int64, error) {
+func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowMs int64, charges []window.Charge, out []window.Decision) (bool, int64, error) {
 	// order lists the charges grouped by Key, in order of first appearance;
 	// bounds[g] is where group g starts in order.
 	sc.order = sc.order[:0]
@@ -510,7 +502,7 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 	group := func(g int) []int { return sc.order[bounds[g]:bounds[g+1]] }
 
 	for g := 0; g+1 < len(bounds); g++ {
-		all, ms, err := s.run(ctx, sc, nowArg, nowMs, modeCharge, charges, group(g), out)
+		all, ms, err := s.run(ctx, sc, nowMs, true, charges, group(g), out)
 		if err != nil {
 			s.refund(parent, sc, nowMs, charges, sc.order[:bounds[g]])
 			return false, 0, err
@@ -518,7 +510,6 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 		if g == 0 {
 			// Decide every later group at the same instant.
 			nowMs = ms
-			nowArg = strconv.FormatInt(ms, 10)
 		}
 		if all {
 			continue
@@ -531,7 +522,7 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 			out[i] = describe(&charges[i], &sc.info[i], false, true)
 		}
 		for h := g + 1; h+1 < len(bounds); h++ {
-			if _, _, err := s.run(ctx, sc, nowArg, nowMs, modeDryRun, charges, group(h), out); err != nil {
+			if _, _, err := s.run(ctx, sc, nowMs, false, charges, group(h), out); err != nil {
 				return false, 0, err
 			}
 		}
@@ -543,17 +534,27 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowArg strin
 // run runs the script for the charges listed in idx, all in one slot, and
 // fills their decisions and what the script read of their counters in
 // sc.info. It reports whether all of them fit and the instant of the
-// decision. nowArg is the instant to decide at as the script takes it
-// ("" for the server's clock), and nowMs the same in Unix ms (-1 for the
-// server's clock).
-func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, nowMs int64, mode any, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
+// decision. nowMs is the instant to decide at, in Unix ms, or -1 for the
+// server's clock; charge is false for a dry run.
+func (s *Store) run(ctx context.Context, sc *scratch, nowMs int64, charge bool, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
+	req := appendRequest(sc.req[:0], nowMs, charge)
+	for _, i := range idx {
+		req = appendCharge(req, sc.fields[i], &charges[i], nowMs)
+	}
+	sc.req = req
+	return s.send(ctx, sc, req, charge, charges, idx, out)
+}
+
+// send runs the script with the request argument req (see appendRequest)
+// for the charges listed in idx, and returns what run returns.
+func (s *Store) send(ctx context.Context, sc *scratch, req []byte, charge bool, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
 	keys := sc.run[:0]
-	args := append(sc.args[:0], nowArg, mode)
 	for _, i := range idx {
 		keys = append(keys, sc.keys[i])
-		args = appendArgs(args, sc.fields[i], &charges[i], nowMs)
 	}
-	sc.run, sc.args = keys, args
+	sc.run = keys
+	args := append(sc.args[:0], string(req))
+	sc.args = args
 	var v any
 	var err error
 	if s.pipe != nil {
@@ -574,21 +575,34 @@ func (s *Store) run(ctx context.Context, sc *scratch, nowArg string, nowMs int64
 	for k := 0; k < len(raw); k += 8 {
 		sc.ints = append(sc.ints, le64(raw[k:k+8]))
 	}
-	return parseReply(sc.ints, mode == modeCharge, charges, idx, out, sc.info)
+	return parseReply(sc.ints, charge, charges, idx, out, sc.info)
 }
 
-// appendArgs appends to args the script's arguments for charge c, whose
-// counter is field (see decide.lua). nowMs is the instant to decide at, in
-// Unix ms, or -1 for the server's clock.
-func appendArgs(args []any, field string, c *window.Charge, nowMs int64) []any {
-	var buf [6 * 8]byte
-	code, nums := packArgs(buf[:0], c, nowMs)
-	return append(args, field, code, string(nums))
+// appendRequest appends to b the start of a request's argument to the
+// script (see decide.lua): the instant to decide at (nowMs, or -1 for the
+// server's clock) and whether to charge. appendCharge appends each charge.
+func appendRequest(b []byte, nowMs int64, charge bool) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(nowMs))
+	if charge {
+		return append(b, 1)
+	}
+	return append(b, 0)
 }
 
-// packArgs returns the code of charge c's algorithm and appends its
-// numbers to buf, as 8-byte little-endian integers (see decide.lua).
-func packArgs(buf []byte, c *window.Charge, nowMs int64) (any, []byte) {
+// appendCharge appends to b the part of a request's argument that
+// describes charge c, whose counter is field (see decide.lua). nowMs is
+// the instant to decide at, in Unix ms, or -1 for the server's clock.
+func appendCharge(b []byte, field string, c *window.Charge, nowMs int64) []byte {
+	b = append(b, field...)
+	code, b1 := packArgs(append(b, 0), c, nowMs)
+	b1[len(b)] = code
+	return b1
+}
+
+// packArgs returns the code of charge c's algorithm (the character
+// decide.lua and refund.lua know it by, as codeSliding and the others) and
+// appends its numbers to buf, as 8-byte little-endian integers.
+func packArgs(buf []byte, c *window.Charge, nowMs int64) (byte, []byte) {
 	l := &c.Limit
 	cost := int64(c.Cost)
 	if capa := int64(l.Capacity()); cost > capa {
@@ -606,19 +620,19 @@ func packArgs(buf []byte, c *window.Charge, nowMs int64) (any, []byte) {
 	}
 	switch {
 	case l.Algorithm == window.SlidingWindow:
-		return codeSliding, put(int64(l.Requests), w, l.Tick(), cost)
+		return '0', put(int64(l.Requests), w, l.Tick(), cost)
 	case l.Algorithm == window.TokenBucket:
-		return codeToken, put(int64(l.Requests), int64(l.Capacity()), w, l.Tick(), cost)
+		return '3', put(int64(l.Requests), int64(l.Capacity()), w, l.Tick(), cost)
 	case l.Algorithm == window.LeakyBucket:
 		r, wait := l.Tick(), int64(-1)
 		if l.MaxDelay > 0 {
 			wait = l.MaxDelay.Milliseconds() / r
 		}
-		return codeLeaky, put(int64(l.Requests), int64(l.Capacity()), w, r, wait, cost)
+		return '5', put(int64(l.Requests), int64(l.Capacity()), w, r, wait, cost)
 	case l.Algorithm == window.SlidingLog:
-		return codeLog, put(int64(l.Requests), w, cost)
+		return '2', put(int64(l.Requests), w, cost)
 	case l.Period == window.NoPeriod:
-		return codeFixed, put(int64(l.Requests), w, cost)
+		return '1', put(int64(l.Requests), w, cost)
 	}
 	// The script has no time-zone database: it gets the period boundaries
 	// around this instant, or around this server's clock when Redis keeps
@@ -628,7 +642,7 @@ func packArgs(buf []byte, c *window.Charge, nowMs int64) (any, []byte) {
 		ref = time.Now().UnixMilli()
 	}
 	b := l.Boundaries(ref)
-	return codeCalendar, put(int64(l.Requests), cost, b[0], b[1], b[2], b[3])
+	return '4', put(int64(l.Requests), cost, b[0], b[1], b[2], b[3])
 }
 
 // le64 decodes the 8-byte little-endian integer s.

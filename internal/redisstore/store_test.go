@@ -484,7 +484,7 @@ func TestRefund(t *testing.T) {
 		t.Helper()
 		cs := []window.Charge{{Key: key, Name: "r", Limit: perMinute(100), Cost: cost}}
 		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
-		if ok, _, err := s.run(ctx, sc, strconv.FormatInt(window.Millis(now), 10), window.Millis(now), modeCharge, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
+		if ok, _, err := s.run(ctx, sc, window.Millis(now), true, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 			t.Fatalf("charge: %v, %v", ok, err)
 		}
 		return sc, cs
