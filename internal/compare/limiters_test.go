@@ -344,9 +344,8 @@ func sluiceRedis(cfg middleware.RedisConfig) func(testing.TB, *redis.Client, rul
 
 var (
 	redisSluice = redisLimiter{"sluice", sluiceRedis(middleware.RedisConfig{})}
-	// The store's default Timeout (100ms) on a client without
-	// ContextTimeoutEnabled runs each script on a goroutine of its own;
-	// the other limiters have no timeout, so sluice is shown without too.
+	// The other limiters have no timeout of their own, so sluice is also
+	// shown without its store's default Timeout (100ms).
 	redisSluiceNoTimeout = redisLimiter{"sluice-no-timeout", sluiceRedis(middleware.RedisConfig{Timeout: -1})}
 	redisUlule           = redisLimiter{"ulule", func(tb testing.TB, c *redis.Client, r rule) redisImpl {
 		st, err := ululeredis.NewStore(c)
