@@ -45,8 +45,7 @@ func redisOptions() *redis.Options { return &redis.Options{PoolSize: 128} }
 // makes), ulule's Limiter.Get, httprate's RateLimiter.OnLimit over
 // httprate-redis, throttled's GCRARateLimiterCtx.RateLimitCtx over
 // goredisstore.v9, and redis_rate's Limiter.Allow. sluice is shown with its
-// store's default Timeout (100ms, which with this client runs each script
-// on a goroutine of its own) and without a timeout, like the others.
+// store's default Timeout (100ms) and without a timeout, like the others.
 //
 // Metrics: decisions/s (admitted decisions over wall time), p50-µs and
 // p99-µs (latency of one call), server-cpu-µs (the CPU time, user and

@@ -206,8 +206,8 @@ func runConcurrent(b *testing.B, conc, n int, op func(i int, ch []window.Charge,
 
 // BenchmarkTakeTimeout is the price of the default 100 ms store timeout, one
 // decision at a time on one hot key: with a client that honours context
-// deadlines (ContextTimeoutEnabled), and with one that does not, where Take
-// waits for the script on a goroutine of its own.
+// deadlines (ContextTimeoutEnabled), and with one that does not, whose
+// direct calls go through a clone that gives up at the stall threshold.
 //
 //	go test -run '^$' -bench BenchmarkTakeTimeout -benchmem -count 5 ./internal/redisstore/
 func BenchmarkTakeTimeout(b *testing.B) {

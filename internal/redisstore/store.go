@@ -16,7 +16,11 @@
 // Two charges of one request may name the same counter; each is decided
 // against the counter as it was, and both costs are counted. The script
 // runs with EVALSHA, falling back to EVAL when the server has not cached
-// it, so a decision costs one round trip. The script returns what it read
+// it, so a decision costs one round trip. It is a batch script
+// (redispipe.NewBatchScript): the decisions of many concurrent Takes for
+// one server (one hash slot on a Cluster) run as one call, one after the
+// other, each as though it ran alone; a counter that several of them name
+// in a row is read and written once. The script returns what it read
 // (the counters rolled to the request's instant; for a sliding log, a
 // summary of the log, window.LogSummary) and Go describes the decisions
 // with window.Describe and window.DescribeLog.
