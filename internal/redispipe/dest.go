@@ -46,7 +46,8 @@ type dest struct {
 	// probeReset asks a running probe goroutine to start again from the
 	// first interval: the destination went down again.
 	probeReset bool
-	// lastUse is when a call last came for the destination.
+	// lastUse is when a call last came for the destination, to the
+	// nearest batch while it is up.
 	lastUse time.Time
 
 	// events are state changes not yet reported; delivering is set while a
@@ -105,8 +106,8 @@ func (d *dest) enqueue(c *call) error {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	d.lastUse = time.Now()
 	if d.down {
+		d.lastUse = time.Now()
 		err := d.downErr
 		if !d.probing {
 			d.startProbeLocked()
@@ -230,6 +231,7 @@ func (l *lane) run() {
 		thr := d.stallThresholdLocked()
 		now := time.Now()
 		l.busy, l.start, l.secondLook = true, now, false
+		d.lastUse = now
 		if thr > 0 {
 			l.due = now.Add(thr)
 		}
