@@ -111,9 +111,9 @@ local stShared, total1, noLink = {}, {}, {}
 -- value lval, false if none), so that requests in a row for one counter
 -- cost one HGET and one HSET: its write waits (ldirty) until the run
 -- reads another counter or ends, with the TTL its bucket is to be
--- extended to then (lttl, 0 for none). Scalars, not a table of counters,
--- and no helper functions: making tables and closures on every run would
--- cost more than it saves when requests are for different counters.
+-- extended to then (lttl, 0 for none). Scalars, not a table of counters:
+-- making and filling tables on every run costs more than it saves when
+-- requests are for different counters.
 local lkey, lfield, lval, ldirty, lttl = false, false, false, false, 0
 -- The buckets sampled for expired counters in this run, and those of them
 -- that did not exist (fresh); made when a request adds a counter. Expiries
@@ -121,6 +121,27 @@ local lkey, lfield, lval, ldirty, lttl = false, false, false, false, 0
 -- every bucket has one from its first write on: one that did not exist
 -- gets a plain PEXPIRE, since GT leaves a key without a TTL alone.
 local sampled, fresh
+
+-- extend makes bucket key live at least ttl ms more (see fresh).
+local function extend(key, ttl)
+  if fresh and fresh[key] then
+    redis.call('PEXPIRE', key, ttl)
+    fresh[key] = false
+  else
+    redis.call('PEXPIRE', key, ttl, 'GT')
+  end
+end
+
+-- flush writes the last counter, if its write waits.
+local function flush()
+  if ldirty then
+    redis.call('HSET', lkey, lfield, lval)
+    if lttl > 0 then
+      extend(lkey, lttl)
+    end
+    ldirty = false
+  end
+end
 -- Helpers, made on first use: making these closures on every run would
 -- cost the sliding-window path a tenth of its time.
 --   rollToken(s, r0, level, rate, burst, win, r, w) is window.Limit.Roll
@@ -172,17 +193,7 @@ for q = 1, calls do
     if lfield == field and lkey == key then
       v = lval
     else
-      if ldirty then
-        redis.call('HSET', lkey, lfield, lval)
-        if lttl > 0 then
-          if fresh and fresh[lkey] then
-            redis.call('PEXPIRE', lkey, lttl)
-            fresh[lkey] = false
-          else
-            redis.call('PEXPIRE', lkey, lttl, 'GT')
-          end
-        end
-      end
+      flush()
       v = redis.call('HGET', key, field)
       lkey, lfield, lval, ldirty, lttl = key, field, v, false, 0
     end
@@ -530,12 +541,7 @@ for q = 1, calls do
         else
           redis.call('HSET', key, field, value)
           if ttl > 0 then
-            if fresh and fresh[key] then
-              redis.call('PEXPIRE', key, ttl)
-              fresh[key] = false
-            else
-              redis.call('PEXPIRE', key, ttl, 'GT')
-            end
+            extend(key, ttl)
           end
         end
       end
@@ -561,15 +567,5 @@ for q = 1, calls do
   kb, ab = kb + n, ab + na
 end
 
--- The last counter's write.
-if ldirty then
-  redis.call('HSET', lkey, lfield, lval)
-  if lttl > 0 then
-    if fresh and fresh[lkey] then
-      redis.call('PEXPIRE', lkey, lttl)
-    else
-      redis.call('PEXPIRE', lkey, lttl, 'GT')
-    end
-  end
-end
+flush()
 return replies
