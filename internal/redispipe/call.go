@@ -141,10 +141,9 @@ func subReply(val any, i int) (any, error) {
 // that runs them together. Its arguments are appended to buf, which is
 // returned: the caller may reuse it once the command is done with.
 func mergeCmd(ctx context.Context, group []*call, buf []any) []any {
-	nk, na := 0, 0
+	nk := 0
 	for _, c := range group {
 		nk += c.nkeys
-		na += c.nargs
 	}
 	start := len(buf)
 	args := append(buf, "evalsha", group[0].script.shaArg, nk)

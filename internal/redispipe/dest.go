@@ -514,12 +514,16 @@ func (d *dest) tryDirect(c *call) bool {
 func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	// A direct call ends within its caller's deadline, and within
 	// directTimeout, as a stalled batch would.
+	// bounded is set when the call ends at directTimeout rather than at
+	// the caller's deadline: always through the clone (tryDirect left
+	// room for it), and when the deadline is further away otherwise.
 	client, run := d.clone.Load(), ctx
+	bounded := client != nil
 	if client == nil {
 		client = d.client.Load()
 		dl, ok := c.deadline, c.hasDeadline
 		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
-			dl, ok = time.Now().Add(t), true
+			dl, ok, bounded = time.Now().Add(t), true, true
 		}
 		if ok {
 			var cancel context.CancelFunc
@@ -539,7 +543,10 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	d.observeLocked(end.Sub(start), end)
 	d.mu.Unlock()
 	var ne net.Error
-	stalled := (errors.As(err, &ne) && ne.Timeout()) || (run != ctx && run.Err() != nil && ctx.Err() == nil)
+	// A read or a context that timed out at directTimeout, not at the
+	// caller's own deadline nor because the caller left.
+	timedOut := (errors.As(err, &ne) && ne.Timeout()) || run.Err() != nil
+	stalled := timedOut && bounded && ctx.Err() == nil
 	if (stalled || isConnError(err)) && d.p.ctx.Err() == nil {
 		cause := err
 		if stalled {

@@ -302,3 +302,40 @@ func TestRunByDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestDirectCallDeadline checks, with a client that honours context
+// deadlines, that a direct call to a hung server ending at its caller's own
+// deadline (shorter than the stall threshold) fails that call without
+// marking the server down, and that one with a longer deadline marks it
+// down at the stall threshold.
+func TestDirectCallDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	key := srv.Prefix(t) + "deadline"
+	var log stateLog
+	p := newPipeliner(t, srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}), Config{OnStateChange: log.record})
+	ctx := context.Background()
+	if _, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	start := time.Now()
+	_, err := p.RunBy(ctx, start.Add(10*time.Millisecond), batchDecide, []string{key}, decideArgs...)
+	if took := time.Since(start); err == nil || errors.Is(err, ErrUnavailable) || took > 10*time.Millisecond+slowCall {
+		t.Errorf("call with 10 ms to wait: %v after %s, want its deadline's error", err, took)
+	}
+	if ev := log.list(); len(ev) != 0 {
+		t.Fatalf("state changes %s after a call's own deadline, want none", describe(ev))
+	}
+	start = time.Now()
+	_, err = p.RunBy(ctx, start.Add(time.Second), batchDecide, []string{key}, decideArgs...)
+	if took := time.Since(start); !errors.Is(err, ErrStalled) || took > MaxStallThreshold+slowCall {
+		t.Errorf("call with 1 s to wait: %v after %s, want a stall at %s", err, took, MaxStallThreshold)
+	}
+	if ev := log.list(); len(ev) != 1 || ev[0].up || !errors.Is(ev[0].cause, ErrStalled) {
+		t.Errorf("state changes %s, want down (stalled)", describe(ev))
+	}
+}
