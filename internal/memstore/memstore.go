@@ -387,7 +387,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	}
 	for i := range charges {
 		c := &charges[i]
-		if err := validate(&c.Limit); err != nil {
+		if err := c.Limit.Validate(); err != nil {
 			return false, fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
 		}
 		if c.Cost < 0 {
@@ -482,17 +482,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		s.shards[si].mu.Unlock()
 	}
 	return allowed, nil
-}
-
-// validate is l.Validate(), with the usual limit, a plain sliding window,
-// accepted without a call.
-func validate(l *window.Limit) error {
-	if l.Algorithm == window.SlidingWindow && l.Requests > 0 && l.Requests <= window.MaxRequests &&
-		l.Window > 0 && l.Window <= window.MaxWindow && l.Window%time.Millisecond == 0 &&
-		l.Burst == 0 && l.Period == window.NoPeriod && l.Location == nil && l.MaxLog == 0 && l.MaxDelay == 0 {
-		return nil
-	}
-	return l.Validate()
 }
 
 // takeOne is Take for a single charge, decided as the general case

@@ -1294,35 +1294,3 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("new key at the key cap: %v allocations per Take, want 0", allocs)
 	}
 }
-
-// TestValidate: Take's shortcut for plain sliding windows accepts exactly
-// the limits Limit.Validate accepts.
-func TestValidate(t *testing.T) {
-	t.Parallel()
-	loc, _ := time.LoadLocation("Europe/Paris")
-	var limits []window.Limit
-	for _, req := range []int{-1, 0, 1, window.MaxRequests, window.MaxRequests + 1} {
-		for _, w := range []time.Duration{-time.Millisecond, 0, time.Microsecond, time.Millisecond, 1500 * time.Microsecond, window.MaxWindow, window.MaxWindow + time.Millisecond} {
-			l := window.Limit{Requests: req, Window: w}
-			limits = append(limits, l)
-			for _, change := range []func(*window.Limit){
-				func(l *window.Limit) { l.Algorithm = window.FixedWindow },
-				func(l *window.Limit) { l.Algorithm = 9 },
-				func(l *window.Limit) { l.Burst = 2 },
-				func(l *window.Limit) { l.Period = window.CalendarDay },
-				func(l *window.Limit) { l.Location = loc },
-				func(l *window.Limit) { l.MaxLog = 10 },
-				func(l *window.Limit) { l.MaxDelay = time.Second },
-			} {
-				c := l
-				change(&c)
-				limits = append(limits, c)
-			}
-		}
-	}
-	for _, l := range limits {
-		if got, want := validate(&l), l.Validate(); (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
-			t.Errorf("validate(%+v) = %v, Validate() = %v", l, got, want)
-		}
-	}
-}
