@@ -429,7 +429,7 @@ type params struct {
 	w     int64 // window, in ticks
 }
 
-func paramsOf(l Limit) params {
+func paramsOf(l *Limit) params {
 	r := l.Tick()
 	return params{limit: int64(l.Requests), r: r, w: l.Window.Milliseconds() / r}
 }
@@ -600,7 +600,7 @@ func Fits(s State, at int64, l Limit, c int64) bool {
 	case LeakyBucket:
 		return leakyParams(l).fits(s.Curr, c)
 	}
-	p := paramsOf(l)
+	p := paramsOf(&l)
 	return p.fits(p.pos(s, at), c)
 }
 
@@ -642,7 +642,7 @@ func Describe(s State, at int64, l Limit, c int64, allowed bool) Decision {
 	case SlidingLog:
 		return DescribeLog(l, Summarize(l, s, at, c), at, c, allowed)
 	}
-	p := paramsOf(l)
+	p := paramsOf(&l)
 	return p.describe(p.pos(s, at), c, allowed)
 }
 
@@ -660,8 +660,7 @@ func TakeOne(s *State, now int64, l *Limit, c int64) (at int64, ok bool) {
 		return at, ok
 	}
 	*s, at = Roll(*s, now, l.Window.Milliseconds())
-	p := params{limit: int64(l.Requests), r: l.Tick()}
-	p.w = l.Window.Milliseconds() / p.r
+	p := paramsOf(l)
 	if ok = p.fits(p.pos(*s, at), c); ok {
 		s.Curr += c
 	}
@@ -676,8 +675,7 @@ func DescribeTo(d *Decision, s *State, at int64, l *Limit, c int64, allowed bool
 		*d = Describe(*s, at, *l, c, allowed)
 		return
 	}
-	p := params{limit: int64(l.Requests), r: l.Tick()}
-	p.w = l.Window.Milliseconds() / p.r
+	p := paramsOf(l)
 	x := p.pos(*s, at)
 	p.describeTo(d, &x, c, allowed)
 }
