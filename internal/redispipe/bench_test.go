@@ -35,7 +35,8 @@ type runner func(ctx context.Context, key string) error
 // The variants: Script.Run on the client (no pipelining); Script.Run on
 // go-redis's experimental AutoPipeline (blocking face, default options);
 // this package with 1, 2 and 4 batches in flight per destination; the
-// batch script, one EVALSHA deciding every call of a batch of one slot;
+// script's batch twin (NewBatchScript), one EVALSHA deciding the calls of
+// a batch for one slot;
 // and this package with its default, adaptive stall threshold. The others
 // have stall detection off, so that a machine short of CPU, which makes
 // live servers look hung, does not blur the comparison: the last variant
@@ -66,7 +67,13 @@ func BenchmarkDecisions(b *testing.B) {
 				{"redispipe/inflight=1", pipelined(client, Config{MaxInFlight: 1, StallThreshold: -1}, nil)},
 				{"redispipe/inflight=2", pipelined(client, Config{MaxInFlight: 2, StallThreshold: -1}, nil)},
 				{"redispipe/inflight=4", pipelined(client, Config{MaxInFlight: 4, StallThreshold: -1}, nil)},
-
+				{"batchscript/inflight=2", func(b *testing.B) runner {
+					p := newPipeliner(b, client, Config{MaxInFlight: 2, StallThreshold: -1})
+					return func(ctx context.Context, key string) error {
+						_, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...)
+						return err
+					}
+				}},
 				{"redispipe/inflight=1/stall=adaptive", pipelined(client, Config{MaxInFlight: 1}, nil)},
 			}
 			for _, g := range []int{1, 64} {
