@@ -392,7 +392,14 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 	}
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
+		// As for a batch: the calls fail as unavailable, not with the
+		// connection's error.
 		d.markDown(err)
+		uerr := &unavailableError{dest: d.name, cause: err}
+		for _, c := range calls {
+			c.complete(nil, uerr)
+		}
+		return redirect
 	}
 	var again []*call
 	for _, c := range calls {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,5 +338,35 @@ func TestDirectCallDeadline(t *testing.T) {
 	}
 	if ev := log.list(); len(ev) != 1 || ev[0].up || !errors.Is(ev[0].cause, ErrStalled) {
 		t.Errorf("state changes %s, want down (stalled)", describe(ev))
+	}
+}
+
+// TestReloadConnectionError breaks the connection (an injected network
+// error) while a script missing from the server's cache is loaded and sent
+// again: the call must fail as unavailable, as for a batch that breaks,
+// not with the connection's own error, both for a call sent directly and
+// for one sent by a lane.
+func TestReloadConnectionError(t *testing.T) {
+	t.Parallel()
+	for _, direct := range []bool{true, false} {
+		srv := redistest.Standalone(t) // an empty script cache
+		h := &pipeCounter{}
+		broken := &net.OpError{Op: "write", Net: "tcp", Err: errors.New("injected")}
+		h.fail = func(cmds []redis.Cmder) error {
+			for _, c := range cmds {
+				if c.Name() == "script" {
+					return broken
+				}
+			}
+			return nil
+		}
+		c := srv.Client(t, &redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1})
+		c.AddHook(h)
+		p := newPipeliner(t, c, Config{StallThreshold: testStall})
+		p.noDirect = !direct
+		_, err := p.Run(context.Background(), batchDecide, []string{srv.Prefix(t) + "k"}, decideArgs...)
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("direct %v: %v, want ErrUnavailable", direct, err)
+		}
 	}
 }
