@@ -233,13 +233,7 @@ func TestDirectCallStall(t *testing.T) {
 	var log stateLog
 	p := newPipeliner(t, c, Config{OnStateChange: log.record})
 	ctx := context.Background()
-	if _, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Resume()
+	hangAfterOneCall(t, srv, p, key)
 	for i := 0; i < 2; i++ {
 		cx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		start := time.Now()
@@ -276,12 +270,7 @@ func TestRunByDeadline(t *testing.T) {
 	key := srv.Prefix(t) + "deadline"
 	p := newPipeliner(t, srv.Client(t, nil), Config{StallThreshold: -1})
 	ctx := context.Background()
-	if _, err := p.RunBy(ctx, time.Now().Add(time.Second), batchDecide, []string{key}, decideArgs...); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	hangAfterOneCall(t, srv, p, key)
 	for _, wait := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
 		start := time.Now()
 		_, err := p.RunBy(ctx, start.Add(wait), batchDecide, []string{key}, decideArgs...)
@@ -316,13 +305,7 @@ func TestDirectCallDeadline(t *testing.T) {
 	var log stateLog
 	p := newPipeliner(t, srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}), Config{OnStateChange: log.record})
 	ctx := context.Background()
-	if _, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Resume()
+	hangAfterOneCall(t, srv, p, key)
 	start := time.Now()
 	_, err := p.RunBy(ctx, start.Add(10*time.Millisecond), batchDecide, []string{key}, decideArgs...)
 	if took := time.Since(start); err == nil || errors.Is(err, ErrUnavailable) || took > 10*time.Millisecond+slowCall {
@@ -369,4 +352,18 @@ func TestReloadConnectionError(t *testing.T) {
 			t.Errorf("direct %v: %v, want ErrUnavailable", direct, err)
 		}
 	}
+}
+
+// hangAfterOneCall makes one call of batchDecide for key through p, which
+// opens a connection and loads the script, then hangs srv (SIGSTOP) until
+// the test ends or resumes it.
+func hangAfterOneCall(t *testing.T, srv *redistest.Server, p *Pipeliner, key string) {
+	t.Helper()
+	if _, err := p.Run(context.Background(), batchDecide, []string{key}, decideArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
 }
