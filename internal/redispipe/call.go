@@ -41,10 +41,11 @@ type call struct {
 	timed       bool
 
 	// cmd is the command of the latest attempt; only the lane touches it.
-	// Several calls of a batch script may share one; idx is then the
-	// call's place in its reply.
-	cmd *redis.Cmd
-	idx int
+	// Several calls of a batch script may share one (merged); idx is then
+	// the call's place in its reply.
+	cmd    *redis.Cmd
+	idx    int
+	merged bool
 
 	state atomic.Uint32
 	refs  atomic.Int32
@@ -108,13 +109,14 @@ func (c *call) ownArgs() []any { return c.args[len(c.args)-c.nargs:] }
 
 // setCmd gives the call a command of its own.
 func (c *call) setCmd(ctx context.Context) {
-	c.cmd, c.idx = redis.NewCmd(ctx, c.args...), 0
+	c.cmd, c.idx, c.merged = redis.NewCmd(ctx, c.args...), 0, false
 }
 
-// result returns the call's reply, or its error, from its command.
+// result returns the call's reply, or its error, from its command: for a
+// call merged with others, its own part of the batch script's reply.
 func (c *call) result() (any, error) {
 	val, err := c.cmd.Result()
-	if err != nil || !c.script.batch {
+	if err != nil || !c.merged {
 		return val, err
 	}
 	return subReply(val, c.idx)
@@ -160,7 +162,7 @@ func mergeCmd(ctx context.Context, group []*call, buf []any) []any {
 	}
 	cmd := redis.NewCmd(ctx, args[start:len(args):len(args)]...)
 	for i, c := range group {
-		c.cmd, c.idx = cmd, i
+		c.cmd, c.idx, c.merged = cmd, i, true
 	}
 	return args
 }
@@ -238,7 +240,7 @@ func (c *call) release() {
 	}
 	clear(c.args)
 	c.args = c.args[:0]
-	c.script, c.cmd, c.val, c.err, c.idx = nil, nil, nil, nil, 0
+	c.script, c.cmd, c.val, c.err, c.idx, c.merged = nil, nil, nil, nil, 0, false
 	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
 	c.state.Store(pending)
 	callPool.Put(c)

@@ -421,7 +421,7 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 	if len(again) > 0 {
 		pipe := client.Pipeline()
 		for _, c := range again {
-			c.cmd, c.idx = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0
+			c.cmd, c.idx, c.merged = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0, false
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range again {

@@ -44,6 +44,9 @@ for i = 1, n do
 	end
 	kb, ab = kb + nk, ab + na
 end
+if n == 1 then
+	return out[1]
+end
 return out
 `)
 

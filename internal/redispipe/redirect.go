@@ -96,7 +96,7 @@ func (r *redirector) send(batch []*call) {
 		if !c.isPending() {
 			continue
 		}
-		c.cmd, c.idx = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0
+		c.cmd, c.idx, c.merged = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0, false
 		n++
 		if !c.hasDeadline {
 			all = false

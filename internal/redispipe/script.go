@@ -39,7 +39,9 @@ var batchScripts sync.Map // *redis.Script → struct{}
 //     4*i-3) for call i); the arguments of every call follow, one call
 //     after the other, from ARGV[3] on;
 //   - the reply is an array of n replies, the i-th being call i's: its
-//     value, or an error reply ({err = "..."}) that fails call i alone.
+//     value, or an error reply ({err = "..."}) that fails call i alone;
+//     when n is 1, the reply is the call's own reply, not an array of one
+//     (which spares the server and the client an array per lone call).
 //
 // A call on its own is sent the same way, with n = 1. Run returns each
 // call's own reply, as for any script. The script must read the server's
@@ -112,11 +114,7 @@ func RunDirect(ctx context.Context, c redis.Scripter, script *redis.Script, keys
 	all := make([]any, 0, 2+len(args))
 	all = append(all, 1, headerOf(len(keys), len(args)))
 	all = append(all, args...)
-	val, err := script.Run(ctx, c, keys, all...).Result()
-	if err != nil {
-		return val, err
-	}
-	return subReply(val, 0)
+	return script.Run(ctx, c, keys, all...).Result()
 }
 
 // AppendHeader appends to b the numbers of keys and of arguments of a call

@@ -11,7 +11,8 @@
 -- ARGV[1] is the number of requests, ARGV[2] the numbers of keys and of
 -- arguments of each (2-byte integers), then come the requests' arguments
 -- in turn; KEYS holds each request's keys in turn, and the reply is the
--- array of each request's reply (or error reply). Requests are decided one
+-- array of each request's reply (or error reply), or for a run of one
+-- request that request's reply itself. Requests are decided one
 -- after the other, each seeing what those before it wrote; requests in a
 -- row for one counter read it once and write it once. The server's clock
 -- is read once, for the first request that needs it. Every number is an
@@ -103,9 +104,10 @@ local floor, min, max = math.floor, math.min, math.max
 -- now is the instant the request being decided is decided at; clock is
 -- the server's (TIME), read once per run, when a request first needs it.
 local now, clock
--- Tables that every request reuses, since requests are decided one at a
--- time: st (see below), and total and link of a request with one charge.
-local stShared, total1, noLink = {}, {}, {}
+-- Tables that every request of the general path reuses, since requests
+-- are decided one at a time: st (see below), and total and link of a
+-- request with one charge; made on first use.
+local stShared, total1, noLink
 
 -- The counter last read or written in this run (bucket lkey, field lfield,
 -- value lval, false if none), so that requests in a row for one counter
@@ -162,18 +164,31 @@ local rollToken, leaving, expired
 -- A request whose reply is an error reply (fail) fails alone; an error
 -- that Redis raises fails the run, and what it wrote stays written, as for
 -- a script of one request.
-local calls = tonumber(ARGV[1])
+--
+-- Each C function call costs a run about as much as a Redis command's
+-- dispatch does, so the commonest request is read with one unpack, and
+-- the clock and the quick path below floor with arithmetic (x - x % d) / d
+-- rather than math.floor, which is exact for the integers involved (all
+-- below 2^53, x >= 0, d > 0).
+local calls = ARGV[1] + 0
 local replies = {}
 local kb, ab = 0, 2
 for q = 1, calls do
   local n, na = unpack('<HH', ARGV[2], 4 * q - 3)
   local req = ARGV[ab + 1]
-  local at0, mode = unpack('<i8B', req)
+  -- A request of one sliding-window charge is 54 bytes long.
+  local at0, mode, field1, code1, limit1, w1, r1, cost1
+  if n == 1 and #req == 54 then
+    at0, mode, field1, code1, limit1, w1, r1, cost1 = unpack('<i8Bc12c1i8i8i8i8', req)
+  else
+    at0, mode = unpack('<i8B', req)
+  end
   local fail, reply
   if at0 < 0 then
     if not clock then
       local t = redis.call('TIME')
-      clock = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+      local us = t[2] + 0
+      clock = t[1] * 1000 + (us - us % 1000) / 1000
     end
     now = clock
   else
@@ -181,391 +196,451 @@ for q = 1, calls do
   end
   local charge = mode == 1
 
-  -- st[i]: {allowed, the 6 integers of the reply after it, cost, field,
-  -- code, absent, then what the write needs}
-  local st = stShared
-  local all = true
-  local a = 10
-  for i = 1, n do
-    local field, code = sub(req, a, a + 11), sub(req, a + 12, a + 12)
-    local key = KEYS[kb + i]
-    local v
-    if lfield == field and lkey == key then
-      v = lval
-    else
+  -- The commonest request, one sliding-window charge of a counter that
+  -- exists, is decided here with scalars; the general path below decides
+  -- every other request (and would decide this one alike: a counter is
+  -- read once, whichever path decides it).
+  local fast = false
+  if code1 == '0' then
+    local key, field = KEYS[kb + 1], field1
+    if lfield ~= field or lkey ~= key then
       flush()
-      v = redis.call('HGET', key, field)
-      lkey, lfield, lval, ldirty, lttl = key, field, v, false, 0
+      lkey, lfield, lval, ldirty, lttl = key, field, redis.call('HGET', key, field), false, 0
     end
-    local x
-    if code == '0' then
-      -- Sliding window: window.Roll and window.Fits.
-      local limit, w, r, cost = unpack('<i8i8i8i8', req, a + 13)
-      a = a + 45
-      local s, p, c, s0
-      if v and #v == 32 then
-        s, p, c = unpack('<dddd', v)
-        s0 = s
-      else
-        s, p, c, s0 = 0, 0, 0, -1
+    fast = lval and #lval == 32
+  end
+  if fast then
+    -- window.Roll and window.Fits, as in the general path.
+    local limit, w, r, cost = limit1, w1, r1, cost1
+    local s0, p0, c0 = unpack('<ddd', lval)
+    local s, p, c, at = s0, p0, c0, now
+    if p == 0 and c == 0 then
+      s = now
+    elseif now < s then
+      at = s
+    else
+      local d = now - s
+      local k = (d - d % w) / w
+      if k == 1 then
+        s, p, c = s + w, c, 0
+      elseif k >= 2 then
+        p, c = 0, 0
       end
-      local p0, c0 = p, c
-      local at = now
       if p == 0 and c == 0 then
         s = now
-      elseif now < s then
-        -- The clock went backwards: decide at the start of the stored window.
-        at = s
-      else
-        local k = floor((now - s) / w)
-        if k == 1 then
-          s, p, c = s + w, c, 0
-        elseif k >= 2 then
-          p, c = 0, 0
+      end
+    end
+    local ticks, e, cap = w / r, at - s, limit + 1
+    e = (e - e % r) / r
+    local ok = cost <= limit and
+      (p < cap and p or cap) * (ticks - 1 - e) + ((c < cap and c or cap) + cost) * ticks <= limit * ticks
+    if ok and charge and cost > 0 then
+      lval, ldirty = pack('<dddd', s, p, c + cost, w), true
+      if s ~= s0 then
+        local ttl = s + 2 * w - now
+        if ttl < 1 then
+          ttl = 1
         end
+        if ttl > lttl then
+          lttl = ttl
+        end
+      end
+    end
+    local b = ok and 1 or 0
+    reply = pack('<i8i8i8i8i8i8i8i8i8', b, now, b, s, p, c, s0, p0, c0)
+  else
+    -- st[i]: {allowed, the 6 integers of the reply after it, cost, field,
+    -- code, absent, then what the write needs}
+    if not stShared then
+      stShared, total1, noLink = {}, {}, {}
+    end
+    local st = stShared
+    local all = true
+    local a = 10
+    for i = 1, n do
+      local field, code = sub(req, a, a + 11), sub(req, a + 12, a + 12)
+      local key = KEYS[kb + i]
+      local v
+      if lfield == field and lkey == key then
+        v = lval
+      else
+        flush()
+        v = redis.call('HGET', key, field)
+        lkey, lfield, lval, ldirty, lttl = key, field, v, false, 0
+      end
+      local x
+      if code == '0' then
+        -- Sliding window: window.Roll and window.Fits.
+        local limit, w, r, cost = unpack('<i8i8i8i8', req, a + 13)
+        a = a + 45
+        local s, p, c, s0
+        if v and #v == 32 then
+          s, p, c = unpack('<dddd', v)
+          s0 = s
+        else
+          s, p, c, s0 = 0, 0, 0, -1
+        end
+        local p0, c0 = p, c
+        local at = now
         if p == 0 and c == 0 then
           s = now
-        end
-      end
-      -- In ticks, with the counts capped at limit + 1.
-      local ticks = w / r
-      local e = floor((at - s) / r)
-      local ok = cost <= limit and
-        min(p, limit + 1) * (ticks - 1 - e) + (min(c, limit + 1) + cost) * ticks <= limit * ticks
-      x = {ok, s, p, c, s0, p0, c0, cost, field, code, s0 < 0, w}
-    elseif code == '3' or code == '5' then
-      -- Token bucket (internal/window/token.go), and the leaky bucket, which
-      -- is one whose level may hold the queue and may bound the wait
-      -- (leaky.go).
-      local rate, burst, win, r, cost, wait
-      if code == '5' then
-        rate, burst, win, r, wait, cost = unpack('<i8i8i8i8i8i8', req, a + 13)
-        a = a + 61
-      else
-        rate, burst, win, r, cost = unpack('<i8i8i8i8i8', req, a + 13)
-        wait = -1
-        a = a + 53
-      end
-      if not rollToken then
-        rollToken = function(s, r0, level, rate, burst, win, r, w)
-          local base = now - now % r
-          if level <= 0 then
-            return base, 0, now
-          end
-          if r0 ~= r and r0 > 0 then
-            -- Counted in other ticks: whole tokens, rounded up, on the new
-            -- grid, as of the last instant the level is known to hold (the
-            -- end of its old tick, or now if sooner).
-            local ow = max(floor(win / r0), 1)
-            level = min(floor((level + ow - 1) / ow), burst + 1) * w
-            if base >= s then
-              s = min(s + r0 - 1, base)
-            end
-            s = s - s % r
-          end
-          level = min(level, (burst + 1) * w)
-          if base < s then
-            -- The clock went backwards: decide at the level's instant.
-            return s, level, s
-          end
-          local elapsed = floor((base - s) / r)
-          if elapsed >= floor((level + rate - 1) / rate) then
-            level = 0
-          else
-            level = level - elapsed * rate
-          end
-          return base, level, now
-        end
-      end
-      local w = win / r
-      local s0, r0, l0, exp0 = -1, 0, 0, -1
-      if v and #v == 27 and byte(v, 1) == 84 then
-        local _
-        _, exp0, s0, r0, l0 = unpack('<Bi6i6i6d', v)
-        if exp0 <= now then
-          -- Full again under the limit it was last charged with: forgotten,
-          -- whatever the refill of this limit (as in the memory store).
-          s0, r0, l0, exp0 = -1, 0, 0, -1
-        end
-      end
-      local s, level = rollToken(s0, r0, l0, rate, burst, win, r, w)
-      local ok = cost <= burst and level + cost * w <= burst * w and (wait < 0 or level <= wait * rate)
-      -- The reply gives the stored expiry in place of the rolled tick, r.
-      x = {ok, s, exp0, level, s0, r0, l0, cost, field, code, s0 < 0,
-        exp0, rate, burst, win, w, r}
-    elseif code == '1' or code == '4' then
-      -- Fixed window (internal/window/fixed.go).
-      local limit, cost, win, b0, b1, b2, b3
-      if code == '1' then
-        limit, win, cost = unpack('<i8i8i8', req, a + 13)
-        a = a + 37
-      else
-        limit, cost, b0, b1, b2, b3 = unpack('<i8i8i8i8i8i8', req, a + 13)
-        a = a + 61
-      end
-      local s0, e0, c0 = -1, 0, 0
-      if v and #v == 21 and byte(v, 1) == 70 then
-        local _
-        _, e0, s0, c0 = unpack('<Bi6i6d', v)
-      end
-      local s, e, c = s0, e0, c0
-      if c0 == 0 or now >= s0 then
-        -- The window that contains now (unless the clock went backwards
-        -- into an earlier window than the count's, which is kept).
-        local ws, we
-        if code == '1' then
-          ws = now - now % win
-          we = ws + win
-        elseif now >= b1 and now < b2 then
-          ws, we = b1, b2
-        elseif now >= b2 and now < b3 then
-          ws, we = b2, b3
-        elseif now >= b0 and now < b1 then
-          ws, we = b0, b1
+        elseif now < s then
+          -- The clock went backwards: decide at the start of the stored window.
+          at = s
         else
-          -- Nothing was written yet.
-          fail = redis.error_reply(string.format(
-            'ERR sluice: instant %.0f lies outside the calendar periods [%.0f, %.0f) ' ..
-            'worked out by the caller: its clock is more than a period away from ' ..
-            'the Redis server\'s', now, b0, b3))
-          break
+          local k = floor((now - s) / w)
+          if k == 1 then
+            s, p, c = s + w, c, 0
+          elseif k >= 2 then
+            p, c = 0, 0
+          end
+          if p == 0 and c == 0 then
+            s = now
+          end
         end
-        if c0 == 0 or s0 ~= ws then
-          s, e, c = ws, we, 0
+        -- In ticks, with the counts capped at limit + 1.
+        local ticks = w / r
+        local e = floor((at - s) / r)
+        local ok = cost <= limit and
+          min(p, limit + 1) * (ticks - 1 - e) + (min(c, limit + 1) + cost) * ticks <= limit * ticks
+        x = {ok, s, p, c, s0, p0, c0, cost, field, code, s0 < 0, w}
+      elseif code == '3' or code == '5' then
+        -- Token bucket (internal/window/token.go), and the leaky bucket, which
+        -- is one whose level may hold the queue and may bound the wait
+        -- (leaky.go).
+        local rate, burst, win, r, cost, wait
+        if code == '5' then
+          rate, burst, win, r, wait, cost = unpack('<i8i8i8i8i8i8', req, a + 13)
+          a = a + 61
+        else
+          rate, burst, win, r, cost = unpack('<i8i8i8i8i8', req, a + 13)
+          wait = -1
+          a = a + 53
         end
-      end
-      local ok = cost <= limit and c + cost <= limit
-      x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
-    elseif code == '2' then
-      -- Sliding log (internal/window/log.go).
-      local limit, win, cost = unpack('<i8i8i8', req, a + 13)
-      a = a + 37
-      local at, count, first, len, exp0 = now, 0, 12, 0, -1
-      if v then
-        len = #v
-      end
-      if len >= 21 and (len - 11) % 10 == 0 and byte(v, 1) == 76 then
-        local _
-        _, exp0, count = unpack('<Bi6I4', v)
-        at = max(now, (unpack('<i6', v, len - 9)))
-        -- Drop the entries that have left the window.
-        local cut = at - win
-        while first <= len - 9 do
-          local t, m = unpack('<i6I4', v, first)
-          if t > cut then
+        if not rollToken then
+          rollToken = function(s, r0, level, rate, burst, win, r, w)
+            local base = now - now % r
+            if level <= 0 then
+              return base, 0, now
+            end
+            if r0 ~= r and r0 > 0 then
+              -- Counted in other ticks: whole tokens, rounded up, on the new
+              -- grid, as of the last instant the level is known to hold (the
+              -- end of its old tick, or now if sooner).
+              local ow = max(floor(win / r0), 1)
+              level = min(floor((level + ow - 1) / ow), burst + 1) * w
+              if base >= s then
+                s = min(s + r0 - 1, base)
+              end
+              s = s - s % r
+            end
+            level = min(level, (burst + 1) * w)
+            if base < s then
+              -- The clock went backwards: decide at the level's instant.
+              return s, level, s
+            end
+            local elapsed = floor((base - s) / r)
+            if elapsed >= floor((level + rate - 1) / rate) then
+              level = 0
+            else
+              level = level - elapsed * rate
+            end
+            return base, level, now
+          end
+        end
+        local w = win / r
+        local s0, r0, l0, exp0 = -1, 0, 0, -1
+        if v and #v == 27 and byte(v, 1) == 84 then
+          local _
+          _, exp0, s0, r0, l0 = unpack('<Bi6i6i6d', v)
+          if exp0 <= now then
+            -- Full again under the limit it was last charged with: forgotten,
+            -- whatever the refill of this limit (as in the memory store).
+            s0, r0, l0, exp0 = -1, 0, 0, -1
+          end
+        end
+        local s, level = rollToken(s0, r0, l0, rate, burst, win, r, w)
+        local ok = cost <= burst and level + cost * w <= burst * w and (wait < 0 or level <= wait * rate)
+        -- The reply gives the stored expiry in place of the rolled tick, r.
+        x = {ok, s, exp0, level, s0, r0, l0, cost, field, code, s0 < 0,
+          exp0, rate, burst, win, w, r}
+      elseif code == '1' or code == '4' then
+        -- Fixed window (internal/window/fixed.go).
+        local limit, cost, win, b0, b1, b2, b3
+        if code == '1' then
+          limit, win, cost = unpack('<i8i8i8', req, a + 13)
+          a = a + 37
+        else
+          limit, cost, b0, b1, b2, b3 = unpack('<i8i8i8i8i8i8', req, a + 13)
+          a = a + 61
+        end
+        local s0, e0, c0 = -1, 0, 0
+        if v and #v == 21 and byte(v, 1) == 70 then
+          local _
+          _, e0, s0, c0 = unpack('<Bi6i6d', v)
+        end
+        local s, e, c = s0, e0, c0
+        if c0 == 0 or now >= s0 then
+          -- The window that contains now (unless the clock went backwards
+          -- into an earlier window than the count's, which is kept).
+          local ws, we
+          if code == '1' then
+            ws = now - now % win
+            we = ws + win
+          elseif now >= b1 and now < b2 then
+            ws, we = b1, b2
+          elseif now >= b2 and now < b3 then
+            ws, we = b2, b3
+          elseif now >= b0 and now < b1 then
+            ws, we = b0, b1
+          else
+            -- Nothing was written yet.
+            fail = redis.error_reply(string.format(
+              'ERR sluice: instant %.0f lies outside the calendar periods [%.0f, %.0f) ' ..
+              'worked out by the caller: its clock is more than a period away from ' ..
+              'the Redis server\'s', now, b0, b3))
             break
           end
-          count = count - m
-          first = first + 10
-        end
-        if first > len or count < 0 then
-          count = 0
-          for p = first, len - 9, 10 do
-            local _, m = unpack('<i6I4', v, p)
-            count = count + m
+          if c0 == 0 or s0 ~= ws then
+            s, e, c = ws, we, 0
           end
         end
+        local ok = cost <= limit and c + cost <= limit
+        x = {ok, s, 0, c, s0, 0, c0, cost, field, code, s0 < 0, e}
+      elseif code == '2' then
+        -- Sliding log (internal/window/log.go).
+        local limit, win, cost = unpack('<i8i8i8', req, a + 13)
+        a = a + 37
+        local at, count, first, len, exp0 = now, 0, 12, 0, -1
+        if v then
+          len = #v
+        end
+        if len >= 21 and (len - 11) % 10 == 0 and byte(v, 1) == 76 then
+          local _
+          _, exp0, count = unpack('<Bi6I4', v)
+          at = max(now, (unpack('<i6', v, len - 9)))
+          -- Drop the entries that have left the window.
+          local cut = at - win
+          while first <= len - 9 do
+            local t, m = unpack('<i6I4', v, first)
+            if t > cut then
+              break
+            end
+            count = count - m
+            first = first + 10
+          end
+          if first > len or count < 0 then
+            count = 0
+            for p = first, len - 9, 10 do
+              local _, m = unpack('<i6I4', v, p)
+              count = count + m
+            end
+          end
+        else
+          v, len = nil, 0
+        end
+        -- The summary (window.Summarize).
+        if not leaving then
+          leaving = function(v, first, need)
+            for p = first, #v - 9, 10 do
+              local t, m = unpack('<i6I4', v, p)
+              need = need - m
+              if need <= 0 then
+                return t
+              end
+            end
+            return -1
+          end
+        end
+        local oldest, newest, retryc, retry1 = 0, 0, -1, -1
+        if first <= len - 9 then
+          oldest, newest = unpack('<i6', v, first), unpack('<i6', v, len - 9)
+        end
+        local need = count + cost - limit
+        if need > 0 and cost <= limit then
+          retryc = leaving(v, first, need)
+        end
+        need = count + 1 - limit
+        if need > 0 then
+          retry1 = leaving(v, first, need)
+        end
+        local ok = cost <= limit and count + cost <= limit
+        x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
+          exp0, v, first, win}
       else
-        v, len = nil, 0
+        fail = redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
+        break
       end
-      -- The summary (window.Summarize).
-      if not leaving then
-        leaving = function(v, first, need)
-          for p = first, #v - 9, 10 do
-            local t, m = unpack('<i6I4', v, p)
-            need = need - m
-            if need <= 0 then
-              return t
-            end
-          end
-          return -1
-        end
-      end
-      local oldest, newest, retryc, retry1 = 0, 0, -1, -1
-      if first <= len - 9 then
-        oldest, newest = unpack('<i6', v, first), unpack('<i6', v, len - 9)
-      end
-      local need = count + cost - limit
-      if need > 0 and cost <= limit then
-        retryc = leaving(v, first, need)
-      end
-      need = count + 1 - limit
-      if need > 0 then
-        retry1 = leaving(v, first, need)
-      end
-      local ok = cost <= limit and count + cost <= limit
-      x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
-        exp0, v, first, win}
-    else
-      fail = redis.error_reply('ERR sluice: unknown algorithm code ' .. tostring(code))
-      break
+      st[i] = x
+      all = all and x[1]
     end
-    st[i] = x
-    all = all and x[1]
-  end
 
-  if not fail and charge and all then
-    -- One write per counter, with every cost charged to it: the first charge
-    -- of a counter writes the total; link chains the others.
-    local total, link = total1, noLink
-    if n > 1 then
-      total, link = {}, {}
-    end
-    if n == 1 then
-      total[1] = st[1][8]
-    else
-      local first, last = {}, {}
-      for i = 1, n do
-        local id = KEYS[kb + i] .. '\0' .. st[i][9]
-        local j = first[id]
-        if j == nil then
-          first[id] = i
-          total[i] = st[i][8]
-        else
-          total[j] = total[j] + st[i][8]
-          link[last[id]] = i
-        end
-        last[id] = i
+    if not fail and charge and all then
+      -- One write per counter, with every cost charged to it: the first charge
+      -- of a counter writes the total; link chains the others.
+      local total, link = total1, noLink
+      if n > 1 then
+        total, link = {}, {}
       end
-    end
-    -- fresh[key]: the bucket did not exist before this request.
-    for i = 1, n do
-      local x = st[i]
-      local tot = total[i]
-      if tot and tot > 0 then
-        local key, field, code = KEYS[kb + i], x[9], x[10]
-        if x[11] and not (sampled and sampled[key]) then
-          -- A new counter: drop up to two expired counters of other clients.
-          -- An empty sample means a new bucket.
-          if not sampled then
-            sampled, fresh = {}, {}
-          end
-          sampled[key] = true
-          if not expired then
-            expired = function(sv)
-              local len = #sv
-              if len == 32 then
-                local ss, _, _, sw = unpack('<dddd', sv)
-                return ss + 2 * sw <= now
-              end
-              local tag = byte(sv, 1)
-              if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
-                (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
-                return unpack('<i6', sv, 2) <= now
-              end
-              return false
-            end
-          end
-          local sample = redis.call('HRANDFIELD', key, 2, 'WITHVALUES')
-          fresh[key] = #sample == 0
-          for j = 1, #sample, 2 do
-            local f = sample[j]
-            if f ~= field and expired(sample[j + 1]) then
-              redis.call('HDEL', key, f)
-              if lkey == key and lfield == f and not ldirty then
-                lval = false
-              end
-            end
-          end
-        end
-        -- exp: the counter's new expiry, if it may extend the bucket's.
-        local value, exp
-        if code == '0' then
-          local w = x[12]
-          value = pack('<dddd', x[2], x[3], x[4] + tot, w)
-          if x[2] ~= x[5] then
-            -- A new window (or counter): it matters for the rest of it plus
-            -- the next one (window.Expiry).
-            exp = x[2] + 2 * w
-          end
-        elseif code == '3' or code == '5' then
-          -- The charges of this counter in turn, each rolling the level
-          -- under its own limit before adding its cost.
-          local s, r, level, last
-          local j = i
-          while j do
-            local y = st[j]
-            if y[8] > 0 then
-              if last then
-                s, level = rollToken(s, r, level, y[13], y[14], y[15], y[17], y[16])
-              else
-                s, level = y[2], y[4]
-              end
-              r = y[17]
-              level = level + y[8] * y[16]
-              last = y
-            end
-            j = link[j]
-          end
-          -- A refill beyond year 6429 (an enormous capacity refilled very
-          -- slowly) is stored as then.
-          local e = min(s + floor((level + last[13] - 1) / last[13]) * r, 140737488355327)
-          value = pack('<Bi6i6i6d', 84, e, s, r, level)
-          -- The expiry of a bucket or a log moves on with every charge: the
-          -- bucket's is rounded up to a whole number of windows, and
-          -- extended only when that moves, which keeps an idle bucket at
-          -- most a window longer.
-          local g, e0 = x[15], x[12]
-          e = e + (g - e % g) % g
-          if e0 < 0 or e > e0 + (g - e0 % g) % g then
-            exp = e
-          end
-        elseif code == '2' then
-          -- The entries left in the window (from byte p of v), and the
-          -- request's, merged into the newest if it has the same instant:
-          -- built in one concatenation, since a log may be long.
-          local at, win, v, p = x[7], x[15], x[13], x[14]
-          local head = pack('<Bi6I4', 76, at + win, x[2] + tot)
-          if not v or p > #v - 9 then
-            value = head .. pack('<i6I4', at, tot)
-          elseif x[4] == at then
-            local _, m = unpack('<i6I4', v, #v - 9)
-            value = head .. sub(v, p, -11) .. pack('<i6I4', at, m + tot)
+      if n == 1 then
+        total[1] = st[1][8]
+      else
+        local first, last = {}, {}
+        for i = 1, n do
+          local id = KEYS[kb + i] .. '\0' .. st[i][9]
+          local j = first[id]
+          if j == nil then
+            first[id] = i
+            total[i] = st[i][8]
           else
-            value = head .. sub(v, p) .. pack('<i6I4', at, tot)
+            total[j] = total[j] + st[i][8]
+            link[last[id]] = i
           end
-          local e, e0 = at + win, x[12]
-          e = e + (win - e % win) % win
-          if e0 < 0 or e > e0 + (win - e0 % win) % win then
-            exp = e
-          end
-        else
-          value = pack('<Bi6i6d', 70, x[12], x[2], x[4] + tot)
-          if x[2] ~= x[5] then
-            exp = x[12]
-          end
+          last[id] = i
         end
-        local ttl = exp and max(1, exp - now) or 0
-        if lfield == field and lkey == key then
-          lval, ldirty, lttl = value, true, max(lttl, ttl)
-        else
-          redis.call('HSET', key, field, value)
-          if ttl > 0 then
-            extend(key, ttl)
+      end
+      -- fresh[key]: the bucket did not exist before this request.
+      for i = 1, n do
+        local x = st[i]
+        local tot = total[i]
+        if tot and tot > 0 then
+          local key, field, code = KEYS[kb + i], x[9], x[10]
+          if x[11] and not (sampled and sampled[key]) then
+            -- A new counter: drop up to two expired counters of other clients.
+            -- An empty sample means a new bucket.
+            if not sampled then
+              sampled, fresh = {}, {}
+            end
+            sampled[key] = true
+            if not expired then
+              expired = function(sv)
+                local len = #sv
+                if len == 32 then
+                  local ss, _, _, sw = unpack('<dddd', sv)
+                  return ss + 2 * sw <= now
+                end
+                local tag = byte(sv, 1)
+                if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
+                  (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
+                  return unpack('<i6', sv, 2) <= now
+                end
+                return false
+              end
+            end
+            local sample = redis.call('HRANDFIELD', key, 2, 'WITHVALUES')
+            fresh[key] = #sample == 0
+            for j = 1, #sample, 2 do
+              local f = sample[j]
+              if f ~= field and expired(sample[j + 1]) then
+                redis.call('HDEL', key, f)
+                if lkey == key and lfield == f and not ldirty then
+                  lval = false
+                end
+              end
+            end
+          end
+          -- exp: the counter's new expiry, if it may extend the bucket's.
+          local value, exp
+          if code == '0' then
+            local w = x[12]
+            value = pack('<dddd', x[2], x[3], x[4] + tot, w)
+            if x[2] ~= x[5] then
+              -- A new window (or counter): it matters for the rest of it plus
+              -- the next one (window.Expiry).
+              exp = x[2] + 2 * w
+            end
+          elseif code == '3' or code == '5' then
+            -- The charges of this counter in turn, each rolling the level
+            -- under its own limit before adding its cost.
+            local s, r, level, last
+            local j = i
+            while j do
+              local y = st[j]
+              if y[8] > 0 then
+                if last then
+                  s, level = rollToken(s, r, level, y[13], y[14], y[15], y[17], y[16])
+                else
+                  s, level = y[2], y[4]
+                end
+                r = y[17]
+                level = level + y[8] * y[16]
+                last = y
+              end
+              j = link[j]
+            end
+            -- A refill beyond year 6429 (an enormous capacity refilled very
+            -- slowly) is stored as then.
+            local e = min(s + floor((level + last[13] - 1) / last[13]) * r, 140737488355327)
+            value = pack('<Bi6i6i6d', 84, e, s, r, level)
+            -- The expiry of a bucket or a log moves on with every charge: the
+            -- bucket's is rounded up to a whole number of windows, and
+            -- extended only when that moves, which keeps an idle bucket at
+            -- most a window longer.
+            local g, e0 = x[15], x[12]
+            e = e + (g - e % g) % g
+            if e0 < 0 or e > e0 + (g - e0 % g) % g then
+              exp = e
+            end
+          elseif code == '2' then
+            -- The entries left in the window (from byte p of v), and the
+            -- request's, merged into the newest if it has the same instant:
+            -- built in one concatenation, since a log may be long.
+            local at, win, v, p = x[7], x[15], x[13], x[14]
+            local head = pack('<Bi6I4', 76, at + win, x[2] + tot)
+            if not v or p > #v - 9 then
+              value = head .. pack('<i6I4', at, tot)
+            elseif x[4] == at then
+              local _, m = unpack('<i6I4', v, #v - 9)
+              value = head .. sub(v, p, -11) .. pack('<i6I4', at, m + tot)
+            else
+              value = head .. sub(v, p) .. pack('<i6I4', at, tot)
+            end
+            local e, e0 = at + win, x[12]
+            e = e + (win - e % win) % win
+            if e0 < 0 or e > e0 + (win - e0 % win) % win then
+              exp = e
+            end
+          else
+            value = pack('<Bi6i6d', 70, x[12], x[2], x[4] + tot)
+            if x[2] ~= x[5] then
+              exp = x[12]
+            end
+          end
+          local ttl = exp and max(1, exp - now) or 0
+          if lfield == field and lkey == key then
+            lval, ldirty, lttl = value, true, max(lttl, ttl)
+          else
+            redis.call('HSET', key, field, value)
+            if ttl > 0 then
+              extend(key, ttl)
+            end
           end
         end
       end
     end
-  end
 
-  -- The reply, in 8-byte integers.
-  if fail then
-    reply = fail
-  elseif n == 1 then
-    local x = st[1]
-    reply = pack('<i8i8i8i8i8i8i8i8i8', all and 1 or 0, now,
-      x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
-  else
-    local out = {pack('<i8i8', all and 1 or 0, now)}
-    for i = 1, n do
-      local x = st[i]
-      out[i + 1] = pack('<i8i8i8i8i8i8i8', x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+    -- The reply, in 8-byte integers.
+    if fail then
+      reply = fail
+    elseif n == 1 then
+      local x = st[1]
+      reply = pack('<i8i8i8i8i8i8i8i8i8', all and 1 or 0, now,
+        x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+    else
+      local out = {pack('<i8i8', all and 1 or 0, now)}
+      for i = 1, n do
+        local x = st[i]
+        out[i + 1] = pack('<i8i8i8i8i8i8i8', x[1] and 1 or 0, x[2], x[3], x[4], x[5], x[6], x[7])
+      end
+      reply = table.concat(out)
     end
-    reply = table.concat(out)
   end
   replies[q] = reply
   kb, ab = kb + n, ab + na
 end
 
 flush()
+if calls == 1 then
+  return replies[1]
+end
 return replies

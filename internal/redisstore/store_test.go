@@ -602,6 +602,61 @@ func TestExpiry(t *testing.T) {
 	}
 }
 
+// TestExpiryExtended moves existing sliding-window counters into a later
+// window, alone in a request (the script's quick path) and beside another
+// charge (its general path): each time the bucket must live on to two
+// windows after the new window's start. The bucket's TTL is first cut to
+// 1 s, as though the fake clock's minutes had passed in Redis too.
+func TestExpiryExtended(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	s := newTestStore(t, c, srv.Prefix(t))
+	ctx := context.Background()
+	lim := window.Limit{Requests: 10, Window: time.Minute}
+	for _, tt := range []struct {
+		name  string
+		other bool // a second charge in the request, on another bucket
+		later time.Duration
+		want  time.Duration // the TTL the bucket must have after the move
+		// Remaining after the move: half the previous window's two
+		// requests still weigh 30 s into the next window.
+		remaining int
+	}{
+		{"alone/next-window", false, 90 * time.Second, 90 * time.Second, 8},
+		{"alone/windows-later", false, 5 * time.Minute, 2 * time.Minute, 9},
+		{"with-other/next-window", true, 90 * time.Second, 90 * time.Second, 8},
+		{"with-other/windows-later", true, 5 * time.Minute, 2 * time.Minute, 9},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			chs := []window.Charge{{Key: "ext:" + tt.name, Name: "r", Limit: lim, Cost: 1}}
+			if tt.other {
+				chs = append(chs, window.Charge{Key: "ext-other:" + tt.name, Name: "r", Limit: lim, Cost: 1})
+			}
+			out := make([]window.Decision, len(chs))
+			for _, at := range []time.Time{t0, t0.Add(time.Second)} {
+				if ok, err := s.Take(ctx, at, chs, out); err != nil || !ok {
+					t.Fatalf("Take at %s: %v, %v", at, ok, err)
+				}
+			}
+			key := string(s.appendKey(nil, chs[0].Key))
+			if err := c.PExpire(ctx, key, time.Second).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := s.Take(ctx, t0.Add(tt.later), chs, out); err != nil || !ok {
+				t.Fatalf("Take %s later: %v, %v", tt.later, ok, err)
+			}
+			if out[0].Remaining != tt.remaining {
+				t.Errorf("Remaining %d after the move, want %d", out[0].Remaining, tt.remaining)
+			}
+			ttl := c.PTTL(ctx, key).Val()
+			if ttl <= tt.want-time.Second || ttl > tt.want {
+				t.Errorf("PTTL %s after the move, want about %s", ttl, tt.want)
+			}
+		})
+	}
+}
+
 // TestRedisDown stops and pauses a server under a store: Take fails fast,
 // with a wrapped error, and recovers when the server is back.
 func TestRedisDown(t *testing.T) {
