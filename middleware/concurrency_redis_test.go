@@ -28,7 +28,11 @@ func TestRedisConcurrencyExact(t *testing.T) {
 				c := in.Add(1)
 				for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
 				}
-				time.Sleep(2 * time.Millisecond) // a request that takes a while
+				// A request that takes a while: longer than a round trip to
+				// a loaded Redis, so that the N holders of slots are in
+				// their handlers at once (a slot is also held during the
+				// round trips that take and give it back).
+				time.Sleep(20 * time.Millisecond)
 				in.Add(-1)
 				served.Add(1)
 			}
