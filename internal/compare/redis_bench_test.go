@@ -149,7 +149,8 @@ type redisEntry struct {
 func redisEntries(b *testing.B, c *redis.Client, evalsha bool) []redisEntry {
 	entries := []redisEntry{{"incr-pexpire", incrPExpire(c)}}
 	if evalsha {
-		entries = append(entries, redisEntry{"evalsha-return1", evalshaReturn1(b, c)})
+		entries = append(entries, redisEntry{"evalsha-return1", evalshaReturn1(b, c)},
+			redisEntry{"evalsha-time-hget-hset", evalshaTimeHGetHSet(b, c)})
 	}
 	for _, l := range redisLimiters {
 		entries = append(entries, redisEntry{l.name, l.new(b, c, benchRule)})
@@ -168,6 +169,32 @@ func evalshaReturn1(tb testing.TB, c *redis.Client) redisImpl {
 			v, err := c.EvalSha(ctx, sha, nil).Int64()
 			if err == nil && v != 1 {
 				err = fmt.Errorf("EVALSHA return 1 = %d", v)
+			}
+			return err
+		}
+	}}
+}
+
+// evalshaTimeHGetHSet runs EVALSHA of a script that does only what every
+// sluice decision on Redis must: read the server's clock (TIME), read a
+// counter (HGET) and write it back (HSET, 32 bytes), answering with a
+// 72-byte string as sluice's script does. It is the floor of a decision
+// on Redis's clock with a counter in a hash field, beside "return 1".
+func evalshaTimeHGetHSet(tb testing.TB, c *redis.Client) redisImpl {
+	const src = `local t = redis.call('TIME')
+local v = redis.call('HGET', KEYS[1], 'f')
+redis.call('HSET', KEYS[1], 'f', string.rep('x', 32))
+return string.rep('y', 72)`
+	sha, err := c.ScriptLoad(context.Background(), src).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	keys := []string{"floor:{time-hget-hset}"}
+	return redisImpl{worker: func() decideFunc {
+		return func(ctx context.Context, _ string) error {
+			v, err := c.EvalSha(ctx, sha, keys).Text()
+			if err == nil && len(v) != 72 {
+				err = fmt.Errorf("EVALSHA of the floor script returned %d bytes", len(v))
 			}
 			return err
 		}
