@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -58,6 +59,86 @@ func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c := srv.Client(b, redisOptions())
 	benchRedis(b, c, redisConcurrency, []string{"hot", "keys-100k"}, redisEntries(b, c, false))
+}
+
+// BenchmarkRedisPaired measures sluice's share of the baseline as
+// BenchmarkRedis does (64 goroutines, default go-redis options but
+// PoolSize 128, sluice's default Timeout), but in alternating slices: each
+// of its 10 slices makes b.N/10 decisions with the baseline and as many
+// with sluice, in turns (the baseline first in even slices), so that both
+// see the same moments of a machine whose speed drifts within seconds:
+//
+//	go test -run '^$' -bench BenchmarkRedisPaired -benchtime 4s -count 3
+//
+// Metrics: %-of-baseline (sluice's decisions/s over the baseline's, over
+// all slices), slice-%-min and slice-%-max (the lowest and highest share
+// of a single slice), each one's decisions/s and p99-µs. "keys-100k" cycles
+// through all 100,000 keys across the slices, each of which got one
+// decision from each before timing.
+func BenchmarkRedisPaired(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := srv.Client(b, redisOptions())
+	entries := []redisEntry{{"incr-pexpire", incrPExpire(c)}, {redisSluice.name, redisSluice.new(b, c, benchRule)}}
+	many := make([]string, distinctClients)
+	for i := range many {
+		many[i] = ipv4(i)
+	}
+	for _, e := range entries {
+		if _, errs, first := runDecisions(redisConcurrency, len(many), e.impl, many); errs > 0 {
+			b.Fatalf("%s: populating %d keys: %d errors, first: %v", e.name, len(many), errs, first)
+		}
+	}
+	for _, set := range []string{"hot", "keys-100k"} {
+		keys := []string{hotIP}
+		if set == "keys-100k" {
+			keys = many
+		}
+		b.Run(set, func(b *testing.B) {
+			const parts = 10
+			per := max(b.N/parts, 1)
+			var (
+				took   [2]time.Duration
+				made   [2]int64
+				lat    [2][]time.Duration
+				lo, hi = math.Inf(1), 0.0
+				off    int
+			)
+			b.ResetTimer()
+			for sl := range parts {
+				// Each slice goes on through the keys where the last one
+				// stopped.
+				ks := append(append(make([]string, 0, len(keys)), keys[off:]...), keys[:off]...)
+				off = (off + per) % len(keys)
+				var rate [2]float64
+				for j := range 2 {
+					k := (j + sl) % 2
+					start := time.Now()
+					l, errs, first := runDecisions(redisConcurrency, per, entries[k].impl, ks)
+					d := time.Since(start)
+					if errs > 0 {
+						b.Fatalf("%s: %d of %d decisions failed, first: %v", entries[k].name, errs, per, first)
+					}
+					took[k] += d
+					made[k] += int64(per)
+					lat[k] = append(lat[k], l...)
+					rate[k] = float64(per) / d.Seconds()
+				}
+				share := 100 * rate[1] / rate[0]
+				lo, hi = min(lo, share), max(hi, share)
+			}
+			b.StopTimer()
+			var total [2]float64
+			for k, e := range entries {
+				total[k] = float64(made[k]) / took[k].Seconds()
+				slices.Sort(lat[k])
+				b.ReportMetric(total[k], e.name+"-decisions/s")
+				b.ReportMetric(float64(lat[k][len(lat[k])*99/100])/float64(time.Microsecond), e.name+"-p99-µs")
+			}
+			b.ReportMetric(100*total[1]/total[0], "%-of-baseline")
+			b.ReportMetric(lo, "slice-%-min")
+			b.ReportMetric(hi, "slice-%-max")
+		})
+	}
 }
 
 // BenchmarkRedisSerial measures the latency of one decision at a time on
