@@ -1,7 +1,6 @@
 package redispipe
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -27,8 +26,10 @@ type call struct {
 	// args is the whole command: EVALSHA, the hash, the number of keys,
 	// the keys, then the arguments; for a batch script, the arguments
 	// start with the batch protocol's header for one call (1, then its
-	// numbers of keys and of arguments).
+	// numbers of keys and of arguments). The arguments given as []byte
+	// or *[]byte are copies in own.
 	args  []any
+	own   []ownBytes
 	nkeys int
 	// nargs is the number of the caller's arguments.
 	nargs int
@@ -54,6 +55,19 @@ type call struct {
 	err   error
 }
 
+// ownBytes is a call's copy of a []byte argument. The call
+// sends a pointer to it, which go-redis writes as it writes a []byte (an
+// encoding.BinaryMarshaler) and shows in hooks as text (a fmt.Stringer);
+// a pointer costs no allocation to box, and the buffer serves the pooled
+// call again.
+type ownBytes []byte
+
+// MarshalBinary returns the bytes, for go-redis to send.
+func (b *ownBytes) MarshalBinary() ([]byte, error) { return *b, nil }
+
+// String returns the bytes as text, for hooks that print commands.
+func (b *ownBytes) String() string { return string(*b) }
+
 const (
 	pending uint32 = iota
 	completed
@@ -63,23 +77,43 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 
 // newCall returns a pending call for script with copies of keys and args,
 // held by two parties, due by deadline (if not zero) or ctx's deadline,
-// whichever comes first.
+// whichever comes first. A []byte or *[]byte argument is copied: the
+// caller may reuse its buffer once Run returns, which can be before the
+// call is sent.
 func newCall(ctx context.Context, deadline time.Time, script *redis.Script, keys []string, args []any) *call {
 	c := callPool.Get().(*call)
 	c.script = infoOf(script)
 	c.nkeys, c.nargs = len(keys), len(args)
+	n := 0
+	for _, a := range args {
+		switch a.(type) {
+		case []byte, *[]byte:
+			n++
+		}
+	}
+	if n > len(c.own) {
+		// Grown before any pointer into it is taken.
+		c.own = append(c.own, make([]ownBytes, n-len(c.own))...)
+	}
 	c.args = append(c.args, "evalsha", c.script.shaArg, len(keys))
 	for _, k := range keys {
+		// Boxed as strings, as hooks that look at a command's keys expect.
 		c.args = append(c.args, k)
 	}
 	if c.script.batch {
 		c.args = append(c.args, 1, headerOf(len(keys), len(args)))
 	}
+	j := 0
 	for _, a := range args {
-		if b, ok := a.([]byte); ok {
-			// The caller may reuse its buffer once Run returns, which can
-			// be before the call is sent.
-			a = bytes.Clone(b)
+		switch v := a.(type) {
+		case []byte:
+			c.own[j] = append(c.own[j][:0], v...)
+			a = &c.own[j]
+			j++
+		case *[]byte:
+			c.own[j] = append(c.own[j][:0], *v...)
+			a = &c.own[j]
+			j++
 		}
 		c.args = append(c.args, a)
 	}

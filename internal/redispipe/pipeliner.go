@@ -286,7 +286,8 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 // ctx's error or ErrUnavailable. An error reply of the script is returned
 // as the error. Keys and args are copied: the caller may reuse them once
 // Run returns. Values of args are sent as go-redis sends command
-// arguments.
+// arguments, and a *[]byte as the []byte it points to (which, unlike a
+// []byte, costs the caller no allocation to pass as an any).
 func (p *Pipeliner) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
 	return p.RunBy(ctx, time.Time{}, script, keys, args...)
 }

@@ -71,6 +71,16 @@ func TestRunReplies(t *testing.T) {
 	if a, _ := v.([]any); len(a) != 3 || a[0] != prefix+"x" || a[1] != "bytes" || a[2] != "42" {
 		t.Errorf("echo = %#v", v)
 	}
+	// A *[]byte is sent as the bytes it points to, copied likewise.
+	pointed := []byte("pointed")
+	v, err = p.Run(ctx, echo, []string{prefix + "y"}, &pointed, pointed[:3])
+	copy(pointed, "XXXXXXX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := v.([]any); len(a) != 3 || a[0] != prefix+"y" || a[1] != "pointed" || a[2] != "poi" {
+		t.Errorf("echo of *[]byte = %#v", v)
+	}
 }
 
 // TestBatching checks that a call on an idle destination goes out alone at

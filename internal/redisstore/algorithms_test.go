@@ -587,7 +587,7 @@ func TestCrossSlotAlgorithms(t *testing.T) {
 func chargeOnce(t *testing.T, s *Store, ch window.Charge, now time.Time) (*scratch, []window.Charge) {
 	t.Helper()
 	cs := []window.Charge{ch}
-	sc := &scratch{keys: []string{string(s.appendKey(nil, ch.Key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
+	sc := &scratch{keys: []string{string(s.appendKey(nil, ch.Key))}, fields: appendField(nil, &cs[0]), info: make([]counter, 1)}
 	ms := window.Millis(now)
 	if ok, _, err := s.run(context.Background(), sc, ms, true, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 		t.Fatalf("charge %s at %s: %v, %v", ch.Limit, now, ok, err)
@@ -745,11 +745,11 @@ func TestCalendarClockSkew(t *testing.T) {
 	ref := reference{}
 	run := func(key string, skew time.Duration) (bool, window.Decision, error) {
 		ch := []window.Charge{xc(key, "d", day, 1)}
-		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &ch[0]))}, info: make([]counter, 1)}
+		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: appendField(nil, &ch[0]), info: make([]counter, 1)}
 		out := make([]window.Decision, 1)
 		// The script decides at the skewed instant, with the calendar
 		// boundaries the app server worked out around its own.
-		req := appendCharge(appendRequest(nil, window.Millis(app.Add(skew)), true), sc.fields[0], &ch[0], window.Millis(app))
+		req := appendCharge(appendRequest(nil, window.Millis(app.Add(skew)), true), sc.field(0), &ch[0], window.Millis(app))
 		ok, _, err := s.send(ctx, sc, req, true, ch, []int{0}, out)
 		return ok, out[0], err
 	}

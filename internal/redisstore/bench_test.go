@@ -367,10 +367,10 @@ func BenchmarkScript(b *testing.B) {
 			if tc.full > 1 {
 				keys0 = 100_000 / tc.full // a million entries to fill at most
 			}
-			ks, fs := make([]string, keys0), make([]string, keys0)
+			ks, fs := make([]string, keys0), make([][]byte, keys0)
 			for i := range ks {
 				ch := window.Charge{Key: "ip:" + strconv.Itoa(i), Name: tc.name, Limit: tc.limit}
-				ks[i], fs[i] = string(s.appendKey(nil, ch.Key)), string(appendField(nil, &ch))
+				ks[i], fs[i] = string(s.appendKey(nil, ch.Key)), appendField(nil, &ch)
 			}
 			base := window.Millis(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			clock := make([]int64, keys0)

@@ -21,7 +21,7 @@ func scriptCall(s *Store, nowMs int64, charge bool, charges []window.Charge) ([]
 	for i := range charges {
 		c := &charges[i]
 		keys = append(keys, string(s.appendKey(nil, c.Key)))
-		req = appendCharge(req, string(appendField(nil, c)), c, nowMs)
+		req = appendCharge(req, appendField(nil, c), c, nowMs)
 	}
 	return keys, []any{string(req)}
 }
@@ -77,7 +77,7 @@ func TestMergedRunsMatchAlone(t *testing.T) {
 			// The boundaries worked out for an instant a year later.
 			later := st.at.AddDate(1, 0, 0).UnixMilli()
 			keys := []string{string(merged.appendKey(nil, bad[0].Key))}
-			arg := appendCharge(appendRequest(nil, nowMs, true), string(appendField(nil, &bad[0])), &bad[0], later)
+			arg := appendCharge(appendRequest(nil, nowMs, true), appendField(nil, &bad[0]), &bad[0], later)
 			reqs = append(reqs, req{keys, []any{string(arg)}})
 			want, wantErr = append(want, nil), append(wantErr, errors.New("lies outside the calendar periods"))
 		}

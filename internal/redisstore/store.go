@@ -247,19 +247,26 @@ type Store struct {
 
 // scratch holds the per-call buffers of Take.
 type scratch struct {
-	buf    []byte
-	keys   []string
-	fields []string
+	buf  []byte
+	keys []string
+	// fields holds the field of each charge's counter, fieldLen bytes
+	// each (see field).
+	fields []byte
 	run    []string
 	args   []any
 	req    []byte
-	ints   []int64
+	// sent is the request argument of the run in flight (see send).
+	sent []byte
+	ints []int64
 	// deadline is the deadline of every script run of a Take (zero for
 	// none), on top of its context's.
 	deadline time.Time
 	info     []counter
 	order    []int
 }
+
+// field returns the field of the counter of charge i.
+func (sc *scratch) field(i int) []byte { return sc.fields[i*fieldLen : (i+1)*fieldLen] }
 
 // counter is what the script read of one charge's counter, before the
 // charge: for a sliding log, the summary of the log rolled to the
@@ -445,8 +452,7 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 			sc.buf = s.appendKey(sc.buf[:0], c.Key)
 			sc.keys = append(sc.keys, string(sc.buf))
 		}
-		sc.buf = appendField(sc.buf[:0], c)
-		sc.fields = append(sc.fields, string(sc.buf))
+		sc.fields = appendField(sc.fields, c)
 	}
 	if cap(sc.info) < len(charges) {
 		sc.info = make([]counter, len(charges))
@@ -543,7 +549,7 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowMs int64,
 func (s *Store) run(ctx context.Context, sc *scratch, nowMs int64, charge bool, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
 	req := appendRequest(sc.req[:0], nowMs, charge)
 	for _, i := range idx {
-		req = appendCharge(req, sc.fields[i], &charges[i], nowMs)
+		req = appendCharge(req, sc.field(i), &charges[i], nowMs)
 	}
 	sc.req = req
 	return s.send(ctx, sc, req, charge, charges, idx, out)
@@ -557,13 +563,20 @@ func (s *Store) send(ctx context.Context, sc *scratch, req []byte, charge bool, 
 		keys = append(keys, sc.keys[i])
 	}
 	sc.run = keys
-	args := append(sc.args[:0], string(req))
-	sc.args = args
 	var v any
 	var err error
 	if s.pipe != nil {
+		// The pipeline copies the bytes sc.sent points to before RunBy
+		// returns; a pointer costs no allocation to pass as an any.
+		sc.sent = req
+		args := append(sc.args[:0], &sc.sent)
+		sc.args = args
 		v, err = s.pipe.RunBy(ctx, sc.deadline, script, keys, args...)
+		sc.sent = nil
 	} else {
+		// A string: the run may outlive Take, on a goroutine of its own.
+		args := append(sc.args[:0], string(req))
+		sc.args = args
 		v, err = s.eval(ctx, script, keys, args)
 	}
 	clear(sc.run)
@@ -596,7 +609,7 @@ func appendRequest(b []byte, nowMs int64, charge bool) []byte {
 // appendCharge appends to b the part of a request's argument that
 // describes charge c, whose counter is field (see decide.lua). nowMs is
 // the instant to decide at, in Unix ms, or -1 for the server's clock.
-func appendCharge(b []byte, field string, c *window.Charge, nowMs int64) []byte {
+func appendCharge(b []byte, field []byte, c *window.Charge, nowMs int64) []byte {
 	b = append(b, field...)
 	code, b1 := packArgs(append(b, 0), c, nowMs)
 	b1[len(b)] = code
@@ -758,20 +771,20 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 			w := l.Window.Milliseconds()
 			switch {
 			case l.Algorithm == window.SlidingWindow:
-				args = append(args, sc.fields[i], codeSliding, cost, w, r.Start, r.Prev, r.Curr, st.Start, st.Prev, st.Curr)
+				args = append(args, string(sc.field(i)), codeSliding, cost, w, r.Start, r.Prev, r.Curr, st.Start, st.Prev, st.Curr)
 			case l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket:
 				code := codeToken
 				if l.Algorithm == window.LeakyBucket {
 					code = codeLeaky
 				}
-				args = append(args, sc.fields[i], code, cost, w, r.Prev,
+				args = append(args, string(sc.field(i)), code, cost, w, r.Prev,
 					r.Start, r.Prev, r.Curr, st.Start, st.Prev, st.Curr, inf.storedExp)
 			case l.Algorithm == window.SlidingLog:
-				args = append(args, sc.fields[i], codeLog, cost, w, inf.at)
+				args = append(args, string(sc.field(i)), codeLog, cost, w, inf.at)
 			case l.Period == window.NoPeriod:
-				args = append(args, sc.fields[i], codeFixed, cost, r.Start)
+				args = append(args, string(sc.field(i)), codeFixed, cost, r.Start)
 			default:
-				args = append(args, sc.fields[i], codeCalendar, cost, r.Start)
+				args = append(args, string(sc.field(i)), codeCalendar, cost, r.Start)
 			}
 		}
 		if len(keys) > 0 {

@@ -483,7 +483,7 @@ func TestRefund(t *testing.T) {
 	charge := func(key string, now time.Time, cost int) (*scratch, []window.Charge) {
 		t.Helper()
 		cs := []window.Charge{{Key: key, Name: "r", Limit: perMinute(100), Cost: cost}}
-		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: []string{string(appendField(nil, &cs[0]))}, info: make([]counter, 1)}
+		sc := &scratch{keys: []string{string(s.appendKey(nil, key))}, fields: appendField(nil, &cs[0]), info: make([]counter, 1)}
 		if ok, _, err := s.run(ctx, sc, window.Millis(now), true, cs, []int{0}, make([]window.Decision, 1)); err != nil || !ok {
 			t.Fatalf("charge: %v, %v", ok, err)
 		}
@@ -492,7 +492,7 @@ func TestRefund(t *testing.T) {
 	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
 	fields := func(sc *scratch) []string {
 		t.Helper()
-		v, err := c.HGet(ctx, sc.keys[0], sc.fields[0]).Result()
+		v, err := c.HGet(ctx, sc.keys[0], string(sc.field(0))).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -506,7 +506,7 @@ func TestRefund(t *testing.T) {
 	// Untouched since the charge: the key did not exist, so it goes.
 	sc, cs := charge("fresh", t0, 3)
 	s.refund(ctx, sc, start, cs, []int{0})
-	if n := c.HExists(ctx, sc.keys[0], sc.fields[0]).Val(); n {
+	if n := c.HExists(ctx, sc.keys[0], string(sc.field(0))).Val(); n {
 		t.Errorf("untouched new counter: still exists after the refund")
 	}
 
@@ -537,7 +537,7 @@ func TestRefund(t *testing.T) {
 
 	// Never below zero.
 	sc, cs = charge("floor", t0, 3)
-	if err := c.HSet(ctx, sc.keys[0], sc.fields[0], encodeCounter(start, 0, 1, w)).Err(); err != nil {
+	if err := c.HSet(ctx, sc.keys[0], string(sc.field(0)), encodeCounter(start, 0, 1, w)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	s.refund(ctx, sc, start, cs, []int{0})
