@@ -55,8 +55,8 @@ type call struct {
 	err   error
 }
 
-// ownBytes is a call's copy of a []byte argument. The call
-// sends a pointer to it, which go-redis writes as it writes a []byte (an
+// ownBytes is a call's copy of a []byte argument. The call sends a
+// pointer to it, which go-redis writes as it writes a []byte (an
 // encoding.BinaryMarshaler) and shows in hooks as text (a fmt.Stringer);
 // a pointer costs no allocation to box, and the buffer serves the pooled
 // call again.
