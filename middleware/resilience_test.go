@@ -23,7 +23,10 @@ import (
 // clients created with default options but PoolSize 128, while real
 // redis-server processes are killed, hung and restarted. They assert on
 // counts of requests (held up, decided without Redis), not on wall-clock
-// figures that a loaded machine could miss; BENCHMARKS.md has the figures
+// figures that a loaded machine could miss: a request is held up when it
+// took more than 50 ms beyond the longest this process went unscheduled
+// while it ran (lagLog), since other test binaries share the machine's
+// cores. BENCHMARKS.md has the figures
 // measured on a quiet one. They run one at a time, not in parallel with
 // each other or with the package's parallel tests: each is a load of its
 // own, and a machine too busy to answer in tens of milliseconds is one
@@ -41,6 +44,10 @@ type outcome struct {
 	took    time.Duration // how long Decide took
 	key     int           // which client
 	decided bool          // by Redis (not by the failure policy)
+	// lag is the longest this process went unscheduled while the request
+	// ran (see lagLog): on a machine that busy, a request is held only if
+	// it took longer than heldTooLong plus lag.
+	lag time.Duration
 }
 
 // load sends requests to lim until stop is closed, paced at loadRate, and
@@ -50,11 +57,61 @@ type load struct {
 	outcomes []outcome
 	stop     chan struct{}
 	done     sync.WaitGroup
+	lags     lagLog
+}
+
+// lagLog records how late this process's goroutines get to run while the
+// load runs: each sample is how much a 1 ms sleep overslept, and when it
+// woke. Other test binaries of the suite run at the same time on few
+// cores, and a timer that fires 30 ms late says nothing of the store.
+type lagLog struct {
+	mu      sync.Mutex
+	samples []lagSample
+}
+
+type lagSample struct {
+	woke time.Time
+	lag  time.Duration
+}
+
+// run samples until stop is closed.
+func (l *lagLog) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		woke := time.Now()
+		if lag := woke.Sub(t0) - time.Millisecond; lag > time.Millisecond {
+			l.mu.Lock()
+			l.samples = append(l.samples, lagSample{woke, lag})
+			l.mu.Unlock()
+		}
+	}
+}
+
+// worst returns the longest lag of a sleep that overlapped [from, to].
+func (l *lagLog) worst(from, to time.Time) time.Duration {
+	var w time.Duration
+	for _, sm := range l.samples {
+		if !sm.woke.Before(from) && !sm.woke.Add(-sm.lag-time.Millisecond).After(to) {
+			w = max(w, sm.lag)
+		}
+	}
+	return w
 }
 
 func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) *load {
 	t.Helper()
 	l := &load{stop: make(chan struct{})}
+	l.done.Add(1)
+	go func() {
+		defer l.done.Done()
+		l.lags.run(l.stop)
+	}()
 	var next atomic.Int64
 	interval := time.Second * loadGoroutines / loadRate
 	for g := range loadGoroutines {
@@ -91,6 +148,10 @@ func (l *load) finish() []outcome {
 	l.done.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	for i := range l.outcomes {
+		o := &l.outcomes[i]
+		o.lag = l.lags.worst(o.at, o.at.Add(o.took))
+	}
 	return l.outcomes
 }
 
@@ -102,9 +163,11 @@ func loadKey(i int) string {
 	return "203.0.113." + strconv.Itoa(i-250)
 }
 
-// summary counts outcomes in [from, to).
+// summary counts outcomes in [from, to): held counts those that took more
+// than heldTooLong beyond their lag, and lag is the longest lag of any.
 type summary struct {
 	total, undecided, held int
+	lag                    time.Duration
 }
 
 func summarize(os []outcome, from, to time.Time, keep func(outcome) bool) summary {
@@ -117,9 +180,10 @@ func summarize(os []outcome, from, to time.Time, keep func(outcome) bool) summar
 		if !o.decided {
 			s.undecided++
 		}
-		if o.took > heldTooLong {
+		if o.took > heldTooLong+o.lag {
 			s.held++
 		}
+		s.lag = max(s.lag, o.lag)
 	}
 	return s
 }
@@ -227,8 +291,8 @@ func TestOutageStandalone(t *testing.T) {
 	startup := summarize(os, start, start.Add(500*time.Millisecond), nil)
 	down := summarize(os, killed, back, nil)
 	recovery, ok := firstDecidedAfter(os, back, nil)
-	t.Logf("startup: %d requests, %d undecided; down: %d requests, %d held over %v; decided again %v after Redis accepted connections",
-		startup.total, startup.undecided, down.total, down.held, heldTooLong, recovery)
+	t.Logf("startup: %d requests, %d undecided; down: %d requests, %d held over %v (plus up to %v of scheduling lag); decided again %v after Redis accepted connections",
+		startup.total, startup.undecided, down.total, down.held, heldTooLong, down.lag, recovery)
 	if startup.undecided != 0 {
 		t.Errorf("%d requests undecided at startup, want 0", startup.undecided)
 	}
@@ -272,7 +336,8 @@ func TestOutageHung(t *testing.T) {
 	os := l.finish()
 	down := summarize(os, hung, back, nil)
 	after := summarize(os, back.Add(500*time.Millisecond), time.Now(), nil)
-	t.Logf("hung: %d requests, %d held over %v; after: %d requests, %d undecided", down.total, down.held, heldTooLong, after.total, after.undecided)
+	t.Logf("hung: %d requests, %d held over %v (plus up to %v of scheduling lag); after: %d requests, %d undecided",
+		down.total, down.held, heldTooLong, down.lag, after.total, after.undecided)
 	if down.held > 16 {
 		t.Errorf("%d requests held more than %v while Redis hung, want at most 16", down.held, heldTooLong)
 	}
@@ -335,8 +400,8 @@ func TestOutageCluster(t *testing.T) {
 	h := summarize(os, killed, time.Now(), healthy)
 	v := summarize(os, promoted.Add(time.Second), time.Now(), onVictim)
 	recovery, _ := firstDecidedAfter(os, promoted, onVictim)
-	t.Logf("failover took %v; healthy masters: %d requests, %d undecided, %d held over %v; killed master's keys decided again %v after the promotion (%d undecided from 1 s after it)",
-		took, h.total, h.undecided, h.held, heldTooLong, recovery, v.undecided)
+	t.Logf("failover took %v; healthy masters: %d requests, %d undecided, %d held over %v (plus up to %v of scheduling lag); killed master's keys decided again %v after the promotion (%d undecided from 1 s after it)",
+		took, h.total, h.undecided, h.held, heldTooLong, h.lag, recovery, v.undecided)
 	if h.undecided != 0 {
 		t.Errorf("%d of %d requests for keys on healthy masters were not decided by Redis, want 0", h.undecided, h.total)
 	}
@@ -372,8 +437,8 @@ func TestOutageSentinel(t *testing.T) {
 	down := summarize(os, killed, promoted, nil)
 	after := summarize(os, promoted.Add(500*time.Millisecond), time.Now(), nil)
 	recovery, _ := firstDecidedAfter(os, promoted, nil)
-	t.Logf("failover took %v; %d requests during it, %d held over %v; decided again %v after the promotion (%d undecided from 500ms after it)",
-		took, down.total, down.held, heldTooLong, recovery, after.undecided)
+	t.Logf("failover took %v; %d requests during it, %d held over %v (plus up to %v of scheduling lag); decided again %v after the promotion (%d undecided from 500ms after it)",
+		took, down.total, down.held, heldTooLong, down.lag, recovery, after.undecided)
 	if after.total == 0 || after.undecided != 0 {
 		t.Errorf("%d of %d requests undecided from 500ms after the promotion, want 0", after.undecided, after.total)
 	}
