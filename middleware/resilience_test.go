@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -25,9 +26,9 @@ import (
 // counts of requests (held up, decided without Redis), not on wall-clock
 // figures that a loaded machine could miss: a request is held up when it
 // took more than 50 ms beyond the longest this process went unscheduled
-// while it ran (lagLog), since other test binaries share the machine's
-// cores. BENCHMARKS.md has the figures
-// measured on a quiet one. They run one at a time, not in parallel with
+// while it ran (package schedlag), since other test binaries share the
+// machine's cores. BENCHMARKS.md has the figures measured on a quiet
+// one. They run one at a time, not in parallel with
 // each other or with the package's parallel tests: each is a load of its
 // own, and a machine too busy to answer in tens of milliseconds is one
 // whose servers the store rightly takes as stalled.
@@ -45,8 +46,8 @@ type outcome struct {
 	key     int           // which client
 	decided bool          // by Redis (not by the failure policy)
 	// lag is the longest this process went unscheduled while the request
-	// ran (see lagLog): on a machine that busy, a request is held only if
-	// it took longer than heldTooLong plus lag.
+	// ran (package schedlag): on a machine that busy, a request is held
+	// only if it took longer than heldTooLong plus lag.
 	lag time.Duration
 }
 
@@ -57,61 +58,12 @@ type load struct {
 	outcomes []outcome
 	stop     chan struct{}
 	done     sync.WaitGroup
-	lags     lagLog
-}
-
-// lagLog records how late this process's goroutines get to run while the
-// load runs: each sample is how much a 1 ms sleep overslept, and when it
-// woke. Other test binaries of the suite run at the same time on few
-// cores, and a timer that fires 30 ms late says nothing of the store.
-type lagLog struct {
-	mu      sync.Mutex
-	samples []lagSample
-}
-
-type lagSample struct {
-	woke time.Time
-	lag  time.Duration
-}
-
-// run samples until stop is closed.
-func (l *lagLog) run(stop <-chan struct{}) {
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		t0 := time.Now()
-		time.Sleep(time.Millisecond)
-		woke := time.Now()
-		if lag := woke.Sub(t0) - time.Millisecond; lag > time.Millisecond {
-			l.mu.Lock()
-			l.samples = append(l.samples, lagSample{woke, lag})
-			l.mu.Unlock()
-		}
-	}
-}
-
-// worst returns the longest lag of a sleep that overlapped [from, to].
-func (l *lagLog) worst(from, to time.Time) time.Duration {
-	var w time.Duration
-	for _, sm := range l.samples {
-		if !sm.woke.Before(from) && !sm.woke.Add(-sm.lag-time.Millisecond).After(to) {
-			w = max(w, sm.lag)
-		}
-	}
-	return w
+	lags     *schedlag.Log
 }
 
 func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) *load {
 	t.Helper()
-	l := &load{stop: make(chan struct{})}
-	l.done.Add(1)
-	go func() {
-		defer l.done.Done()
-		l.lags.run(l.stop)
-	}()
+	l := &load{stop: make(chan struct{}), lags: schedlag.Start(t)}
 	var next atomic.Int64
 	interval := time.Second * loadGoroutines / loadRate
 	for g := range loadGoroutines {
@@ -146,11 +98,12 @@ func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) 
 func (l *load) finish() []outcome {
 	close(l.stop)
 	l.done.Wait()
+	l.lags.Stop()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range l.outcomes {
 		o := &l.outcomes[i]
-		o.lag = l.lags.worst(o.at, o.at.Add(o.took))
+		o.lag = l.lags.Worst(o.at, o.at.Add(o.took))
 	}
 	return l.outcomes
 }

@@ -175,7 +175,7 @@ func TestStallMarksDown(t *testing.T) {
 	}
 	s := summarize(during, slowCall, func(string) bool { return true })
 	t.Logf("while paused: %d calls failed fast or were slow: %d unavailable, %d at their deadline, %d other errors, %d waited more than %s (p50 %s, max %s); worst scheduling lag %s",
-		s.calls, s.unavailable, s.late, s.other, s.slow, slowCall, percentile(s.latencies, 0.5), percentile(s.latencies, 1), lag.max())
+		s.calls, s.unavailable, s.late, s.other, s.slow, slowCall, percentile(s.latencies, 0.5), percentile(s.latencies, 1), lag.Max())
 	if s.unavailable == 0 {
 		t.Error("no call failed with ErrUnavailable while the server was paused")
 	}
@@ -232,7 +232,7 @@ func TestKilledServerRecovers(t *testing.T) {
 	out := wait()
 	s := summarize(out, slowCall, func(string) bool { return true })
 	t.Logf("%d calls: %d ok, %d unavailable, %d at their deadline, %d other errors, %d waited more than %s; worst scheduling lag %s",
-		s.calls, s.ok, s.unavailable, s.late, s.other, s.slow, slowCall, lag.max())
+		s.calls, s.ok, s.unavailable, s.late, s.other, s.slow, slowCall, lag.Max())
 	if s.unavailable == 0 {
 		t.Error("no call failed with ErrUnavailable while the server was down")
 	}
@@ -318,7 +318,7 @@ func TestClusterNodeDown(t *testing.T) {
 	time.Sleep(time.Second)
 	close(stop)
 	out := wait()
-	worstLag := lag.max()
+	worstLag := lag.Max()
 
 	dead := summarize(out, slowCall, onVictim)
 	alive := summarize(out, slowCall, func(k string) bool { return !onVictim(k) })
@@ -509,7 +509,7 @@ func TestSentinelFailover(t *testing.T) {
 	sum := summarize(out, slowCall, func(string) bool { return true })
 	t.Logf("failover to %s agreed %s after the kill; first success %s after that", promoted.Addr(), took.Round(time.Millisecond), up.Sub(agreed).Round(time.Millisecond))
 	t.Logf("%d calls: %d ok, %d unavailable, %d at their deadline, %d other errors, %d waited more than %s; state changes: %s; worst scheduling lag %s",
-		sum.calls, sum.ok, sum.unavailable, sum.late, sum.other, sum.slow, slowCall, describe(log.list()), lag.max())
+		sum.calls, sum.ok, sum.unavailable, sum.late, sum.other, sum.slow, slowCall, describe(log.list()), lag.Max())
 	if !ok {
 		t.Fatal("no success within 5 s of the failover")
 	}

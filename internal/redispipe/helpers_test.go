@@ -9,13 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -24,46 +24,11 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // health: a busy machine must not make them see servers go down.
 const testStall = 2 * time.Second
 
-// lagMeter measures how late this process's goroutines get to run: the
-// longest oversleep of a 1 ms sleep since it started. It stops when the
-// test ends.
-type lagMeter struct {
-	worst atomic.Int64
-	stop  func() // stops the meter; safe to call more than once
-}
+// lagMeter measures how late this process's goroutines get to run (see
+// package schedlag) until the test ends.
+type lagMeter struct{ *schedlag.Log }
 
-func newLagMeter(t testing.TB) *lagMeter {
-	m := &lagMeter{}
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			t0 := time.Now()
-			time.Sleep(time.Millisecond)
-			if over := int64(time.Since(t0) - time.Millisecond); over > m.worst.Load() {
-				m.worst.Store(over)
-			}
-		}
-	}()
-	var once sync.Once
-	m.stop = func() {
-		once.Do(func() {
-			close(done)
-			<-stopped
-		})
-	}
-	t.Cleanup(m.stop)
-	return m
-}
-
-// max returns the longest lag seen so far.
-func (m *lagMeter) max() time.Duration { return time.Duration(m.worst.Load()) }
+func newLagMeter(t testing.TB) *lagMeter { return &lagMeter{schedlag.Start(t)} }
 
 // timing reports a failed timing bound as an error, unless this process
 // was at some point not scheduled for longer than MinStallThreshold: the
@@ -72,7 +37,7 @@ func (m *lagMeter) max() time.Duration { return time.Duration(m.worst.Load()) }
 // t.Error for everything else.
 func (m *lagMeter) timing(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if lag := m.max(); lag >= MinStallThreshold {
+	if lag := m.Max(); lag >= MinStallThreshold {
 		t.Logf("NOT FAILED, the machine was too busy (this process went unscheduled for up to %s): "+format,
 			append([]any{lag.Round(time.Millisecond)}, args...)...)
 		return

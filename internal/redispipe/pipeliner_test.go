@@ -253,7 +253,7 @@ func TestDeadlinePausedServer(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	lag.stop()
+	lag.Stop()
 	if got := waitGoroutines(before, 5*time.Second); got > before {
 		t.Errorf("%d goroutines after Close, %d before New", got, before)
 	}
