@@ -144,6 +144,38 @@ local function flush()
     ldirty = false
   end
 end
+-- slidingFits is window.Roll and window.Fits for a sliding window of w ms
+-- counted in ticks of r ms: the counter (start s, counts p and c; all 0
+-- for none) rolled to now, and whether cost more fits under limit. It
+-- returns ok, then the rolled s, p and c. A clock that went backwards
+-- (now before s) is decided at the start of the stored window. Floors are
+-- arithmetic, (x - x % d) / d (see below).
+local function slidingFits(s, p, c, limit, w, r, cost)
+  local at = now
+  if p == 0 and c == 0 then
+    s = now
+  elseif now < s then
+    at = s
+  else
+    local d = now - s
+    local k = (d - d % w) / w
+    if k == 1 then
+      s, p, c = s + w, c, 0
+    elseif k >= 2 then
+      p, c = 0, 0
+    end
+    if p == 0 and c == 0 then
+      s = now
+    end
+  end
+  -- In ticks, with the counts capped at limit + 1.
+  local ticks, e, cap = w / r, at - s, limit + 1
+  e = (e - e % r) / r
+  return cost <= limit and
+    (p < cap and p or cap) * (ticks - 1 - e) + ((c < cap and c or cap) + cost) * ticks <= limit * ticks,
+    s, p, c
+end
+
 -- Helpers, made on first use: making these closures on every run would
 -- cost the sliding-window path a tenth of its time.
 --   rollToken(s, r0, level, rate, burst, win, r, w) is window.Limit.Roll
@@ -167,7 +199,7 @@ local rollToken, leaving, expired
 --
 -- Each C function call costs a run about as much as a Redis command's
 -- dispatch does, so the commonest request is read with one unpack, and
--- the clock and the quick path below floor with arithmetic (x - x % d) / d
+-- the clock and slidingFits floor with arithmetic (x - x % d) / d
 -- rather than math.floor, which is exact for the integers involved (all
 -- below 2^53, x >= 0, d > 0).
 local calls = ARGV[1] + 0
@@ -210,30 +242,11 @@ for q = 1, calls do
     fast = lval and #lval == 32
   end
   if fast then
-    -- window.Roll and window.Fits, as in the general path.
-    local limit, w, r, cost = limit1, w1, r1, cost1
+    -- Decided by slidingFits as in the general path; the write waits in
+    -- the last-counter scalars.
+    local w, cost = w1, cost1
     local s0, p0, c0 = unpack('<ddd', lval)
-    local s, p, c, at = s0, p0, c0, now
-    if p == 0 and c == 0 then
-      s = now
-    elseif now < s then
-      at = s
-    else
-      local d = now - s
-      local k = (d - d % w) / w
-      if k == 1 then
-        s, p, c = s + w, c, 0
-      elseif k >= 2 then
-        p, c = 0, 0
-      end
-      if p == 0 and c == 0 then
-        s = now
-      end
-    end
-    local ticks, e, cap = w / r, at - s, limit + 1
-    e = (e - e % r) / r
-    local ok = cost <= limit and
-      (p < cap and p or cap) * (ticks - 1 - e) + ((c < cap and c or cap) + cost) * ticks <= limit * ticks
+    local ok, s, p, c = slidingFits(s0, p0, c0, limit1, w, r1, cost)
     if ok and charge and cost > 0 then
       lval, ldirty = pack('<dddd', s, p, c + cost, w), true
       if s ~= s0 then
@@ -281,28 +294,8 @@ for q = 1, calls do
           s, p, c, s0 = 0, 0, 0, -1
         end
         local p0, c0 = p, c
-        local at = now
-        if p == 0 and c == 0 then
-          s = now
-        elseif now < s then
-          -- The clock went backwards: decide at the start of the stored window.
-          at = s
-        else
-          local k = floor((now - s) / w)
-          if k == 1 then
-            s, p, c = s + w, c, 0
-          elseif k >= 2 then
-            p, c = 0, 0
-          end
-          if p == 0 and c == 0 then
-            s = now
-          end
-        end
-        -- In ticks, with the counts capped at limit + 1.
-        local ticks = w / r
-        local e = floor((at - s) / r)
-        local ok = cost <= limit and
-          min(p, limit + 1) * (ticks - 1 - e) + (min(c, limit + 1) + cost) * ticks <= limit * ticks
+        local ok
+        ok, s, p, c = slidingFits(s, p, c, limit, w, r, cost)
         x = {ok, s, p, c, s0, p0, c0, cost, field, code, s0 < 0, w}
       elseif code == '3' or code == '5' then
         -- Token bucket (internal/window/token.go), and the leaky bucket, which
