@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -448,7 +449,7 @@ func (c *compiledRule) compileConditions() error {
 	headers, query := c.Headers, c.Query
 	c.Headers, c.Query = nil, nil
 	for _, name := range sortedNames(headers) {
-		if !validHeaderName(name) {
+		if !httptoken.Valid(name) {
 			return fmt.Errorf("bad header name %q", name)
 		}
 		c.headers = append(c.headers, condition{http.CanonicalHeaderKey(name), headers[name]})
@@ -505,21 +506,4 @@ func sortedNames(m map[string]string) []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// validHeaderName reports whether s is an HTTP token, as header names are.
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

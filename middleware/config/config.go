@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -142,7 +143,7 @@ func (env *Env) check() error {
 		}
 	}
 	for key, h := range env.DescriptorHeaders {
-		if key == "" || !isToken(h) {
+		if key == "" || !httptoken.Valid(h) {
 			return fmt.Errorf("config: Env.DescriptorHeaders: %q: bad header name %q", key, h)
 		}
 	}
@@ -151,7 +152,7 @@ func (env *Env) check() error {
 			return fmt.Errorf("config: Env.Descriptors: %q is nil or unnamed", key)
 		}
 	}
-	if env.APIKeyHeader != "" && !isToken(env.APIKeyHeader) {
+	if env.APIKeyHeader != "" && !httptoken.Valid(env.APIKeyHeader) {
 		return fmt.Errorf("config: Env.APIKeyHeader: bad header name %q", env.APIKeyHeader)
 	}
 	if len(env.TrustedProxies) > 0 {

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -349,7 +350,7 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string, 
 			p = s
 		case "headers":
 			hdrs = d.values(v, fpath, "{X-Tenant: gold}", true, func(name string) string {
-				if !isToken(name) {
+				if !httptoken.Valid(name) {
 					return fmt.Sprintf("bad header name %q", name)
 				}
 				return ""

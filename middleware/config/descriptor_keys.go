@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -109,7 +110,7 @@ func (d *decoder) newAttribute(key string) (*attribute, error) {
 		}, nil
 	}
 	if h, ok := strings.CutPrefix(key, "header:"); ok {
-		if !isToken(h) {
+		if !httptoken.Valid(h) {
 			return nil, fmt.Errorf("%q: bad header name %q", key, h)
 		}
 		return headerAttribute(h), nil

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -118,7 +119,7 @@ func (c *keyCache) name(name string, env *Env) (keyfunc.Func, bool, error) {
 		return keyfunc.Global(), false, nil
 	}
 	if h, ok := strings.CutPrefix(name, "header:"); ok {
-		if !isToken(h) {
+		if !httptoken.Valid(h) {
 			return nil, false, fmt.Errorf("%q: bad header name %q", name, h)
 		}
 		return keyfunc.Header(h), false, nil
@@ -149,21 +150,4 @@ func (c *keyCache) ipFunc(env *Env) (keyfunc.Func, error) {
 	}
 	c.ip = fn
 	return fn, nil
-}
-
-// isToken reports whether s is an HTTP token, as header names are.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
