@@ -141,7 +141,7 @@ type Config struct {
 	Manual bool
 	// Merge merges a reply into a counter's write-back view; nil means
 	// fleet.View.Synced.
-	Merge func(l *window.Limit, v *fleet.View, r fleet.Reply, now, inflight int64)
+	Merge  func(l *window.Limit, v *fleet.View, r fleet.Reply, now, inflight int64)
 	Events Events
 }
 
