@@ -40,9 +40,33 @@ type Descriptor struct {
 // per combination of the values of its levels that have no exact value,
 // and costs the decided descriptor's Cost.
 type DescriptorRequest struct {
-	ctx   context.Context
-	descs []Descriptor
-	i     int
+	ctx     context.Context
+	descs   []Descriptor
+	i       int
+	matched DescriptorMatch
+}
+
+// DescriptorMatch is the rule that applied to the descriptor of a
+// DescriptorRequest, as Matched reports it.
+type DescriptorMatch struct {
+	// Rule is the rule's name: the rate_limit's name, or else
+	// domain.key_value.key.
+	Rule string
+	// Limit is the descriptor's rate_limit: requests_per_unit (0 for a
+	// descriptor that denies every request) per unit, counted in fixed
+	// windows. It is zero for an unlimited or allowlisted descriptor.
+	Limit middleware.Limit
+	// Unlimited reports a rate_limit with unlimited: true.
+	Unlimited bool
+	// Shadow reports shadow_mode: true.
+	Shadow bool
+}
+
+// Matched returns the rule of the file that applied to the descriptor
+// when the request was decided (by middleware.Limiter.Decide, or by
+// calling the Match of each rule), and false when none did.
+func (r *DescriptorRequest) Matched() (DescriptorMatch, bool) {
+	return r.matched, r.matched.Rule != ""
 }
 
 // NewDescriptorRequest returns the DescriptorRequest that decides
@@ -92,13 +116,17 @@ func (r *DescriptorRequest) matches(steps []*descStep) bool {
 }
 
 // serviceRule makes r, the rule of the descriptor whose levels are steps,
-// a rule of a rate limit service: it matches DescriptorRequests only,
-// counts per value of its levels without an exact value and costs the
-// descriptor's Cost.
-func serviceRule(r *middleware.Rule, steps []*descStep) {
+// a rule of a rate limit service: it matches DescriptorRequests only (and
+// records m in the one it matches), counts per value of its levels
+// without an exact value and costs the descriptor's Cost.
+func serviceRule(r *middleware.Rule, steps []*descStep, m DescriptorMatch) {
 	r.Match = func(req keyfunc.Request) bool {
 		dr, ok := req.(*DescriptorRequest)
-		return ok && dr.matches(steps)
+		if !ok || !dr.matches(steps) {
+			return false
+		}
+		dr.matched = m
+		return true
 	}
 	var keys []keyfunc.Func
 	for i, s := range steps {
@@ -145,6 +173,7 @@ func replacedInService(own func(keyfunc.Request) bool, replacers []func(keyfunc.
 			other.i = j
 			for _, m := range replacers {
 				if m(&other) {
+					dr.matched = DescriptorMatch{}
 					return false
 				}
 			}

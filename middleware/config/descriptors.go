@@ -422,7 +422,12 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	}
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
 	if d.env.RateLimitService {
-		serviceRule(&r, steps)
+		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: window.FixedWindow},
+			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
+		if unlimited {
+			m.Limit = middleware.Limit{}
+		}
+		serviceRule(&r, steps, m)
 		match = r.Match
 	}
 	switch {
