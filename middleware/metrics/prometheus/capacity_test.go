@@ -41,4 +41,6 @@ func TestCapacityMetrics(t *testing.T) {
 	})
 }
 
-func httptestRequest(path string) *http.Request { return httptest.NewRequest(http.MethodGet, path, nil) }
+func httptestRequest(path string) *http.Request {
+	return httptest.NewRequest(http.MethodGet, path, nil)
+}
