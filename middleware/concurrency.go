@@ -69,6 +69,7 @@ type hold struct {
 	l     *Limiter
 	slots []heldSlot
 	once  sync.Once
+	ov    *overloadHold // places under the capacity signals (adaptive.go)
 }
 
 type heldSlot struct {
@@ -97,6 +98,7 @@ func (res *Result) Done() {
 
 func (h *hold) release() {
 	h.once.Do(func() {
+		h.releaseOverload()
 		h.l.untrack(h)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
