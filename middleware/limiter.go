@@ -40,6 +40,9 @@ type Limiter struct {
 	unmatched atomic.Uint32
 	// ov holds the capacity signals (adaptive.go, elastic.go).
 	ov overload
+	// syncs is the coordination layer of lease and write-back rules
+	// (sync.go).
+	syncs syncLayer
 }
 
 type ruleSet struct {
@@ -98,6 +101,9 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	if err := l.bindSync(set); err != nil {
+		return err
+	}
 	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
@@ -133,6 +139,7 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 func (l *Limiter) Close() error {
 	l.stopRenewer()
 	l.stopFleet()
+	l.stopSync()
 	return l.cfg.closeOwned()
 }
 
@@ -487,7 +494,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 	if len(l.cfg.observers) > 0 {
 		began = time.Now()
 	}
-	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	ok, err := l.storeTake(ctx, now, charges, out)
 	if len(l.cfg.observers) > 0 {
 		d := time.Since(began)
 		for _, o := range l.cfg.observers {

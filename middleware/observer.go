@@ -48,6 +48,10 @@ type Observer interface {
 	// Shed is called when an adaptive concurrency limit of rule refuses a
 	// request of priority p.
 	Shed(rule string, p Priority)
+	// Synced is called when the coordination layer of rules in lease or
+	// write-back mode counts locally, syncs with Redis, leases, gives back
+	// or drops (see SyncEvent); SyncFlushed on the syncer's goroutine.
+	Synced(e SyncEvent)
 }
 
 // BatchObserver is implemented by Observers that also want the size of
@@ -70,6 +74,7 @@ func (NopObserver) StoreHealth(HealthEvent)          {}
 func (NopObserver) CapacityChanged(CapacityEvent)    {}
 func (NopObserver) ElasticChanged(ElasticEvent)      {}
 func (NopObserver) Shed(string, Priority)            {}
+func (NopObserver) Synced(SyncEvent)                 {}
 
 // WithObserver adds o to the observers of the limiter; it may be given
 // several times (metrics and logs, say), and each observer sees
@@ -208,6 +213,11 @@ type Stats struct {
 	SlotsHeld int
 	// BreakerOpen reports whether the circuit breaker is open.
 	BreakerOpen bool
+	// SyncKeys is how many counters of rules in lease or write-back mode
+	// the app server keeps in memory, and SyncEvictions how many it
+	// dropped to stay within WithSyncMaxKeys.
+	SyncKeys      int
+	SyncEvictions uint64
 }
 
 // Stats returns the limiter's current figures.
@@ -224,6 +234,9 @@ func (l *Limiter) Stats() Stats {
 	l.renew.mu.Unlock()
 	if b := l.cfg.breaker; b != nil {
 		st.BreakerOpen = b.isOpen()
+	}
+	if fs := l.syncs.store.Load(); fs != nil {
+		st.SyncKeys, st.SyncEvictions = fs.Len(), fs.Evictions()
 	}
 	return st
 }
