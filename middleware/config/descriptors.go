@@ -109,7 +109,7 @@ type descBuild struct {
 }
 
 // descriptorRoot decodes an Envoy/Lyft-style descriptor file into cfg.
-func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Config) {
+func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Document) {
 	var list *yaml.Node
 	b := &descBuild{names: map[string]bool{}, named: map[string]int{}, replaces: map[int][]*yaml.Node{}, attrs: map[string]*attribute{}}
 	d.fields(n, "", descRootFields, func(key string, v *yaml.Node) {
@@ -421,7 +421,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	case requests == 0:
 		r.Deny = true
 	default:
-		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: window.FixedWindow}}
+		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow}}
 	}
 	if nameNode != nil {
 		b.named[name] = len(b.rules)
