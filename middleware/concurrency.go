@@ -81,6 +81,7 @@ type hold struct {
 	l     *Limiter
 	slots []heldSlot
 	once  sync.Once
+	ov    *overloadHold // places under the capacity signals (adaptive.go)
 }
 
 type heldSlot struct {
@@ -109,6 +110,7 @@ func (res *Result) Done() {
 
 func (h *hold) release() {
 	h.once.Do(func() {
+		h.releaseOverload()
 		h.l.untrack(h)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()

@@ -36,6 +36,17 @@ type Observer interface {
 	// its Redis store reports when the store was built with
 	// NewRedisStore.
 	StoreHealth(e HealthEvent)
+	// CapacityChanged is called when a capacity signal moves: the
+	// adaptive limit of a rule with AdaptiveConcurrency, or the spare
+	// capacity of the Limiter's signal for elastic limits (at most about
+	// once per 100ms window of samples each).
+	CapacityChanged(e CapacityEvent)
+	// ElasticChanged is called when the effective limit of an elastic
+	// limit (Limit.Ceiling) of a rule with static limits moves.
+	ElasticChanged(e ElasticEvent)
+	// Shed is called when an adaptive concurrency limit of rule refuses a
+	// request of priority p.
+	Shed(rule string, p Priority)
 }
 
 // BatchObserver is implemented by Observers that also want the size of
@@ -55,6 +66,9 @@ func (NopObserver) StoreCalled(time.Duration, error) {}
 func (NopObserver) DenyCacheHit(string)              {}
 func (NopObserver) BreakerChanged(bool)              {}
 func (NopObserver) StoreHealth(HealthEvent)          {}
+func (NopObserver) CapacityChanged(CapacityEvent)    {}
+func (NopObserver) ElasticChanged(ElasticEvent)      {}
+func (NopObserver) Shed(string, Priority)            {}
 
 // WithObserver adds o to the observers of the limiter; it may be given
 // several times (metrics and logs, say), and each observer sees
