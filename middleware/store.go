@@ -51,6 +51,11 @@ type Limit struct {
 	// bound beyond the queue's length. It must be a whole number of
 	// milliseconds; other algorithms must leave it zero.
 	MaxDelay time.Duration
+	// Ceiling, when above Requests, makes the limit elastic: a client may
+	// go past Requests, up to Ceiling, while the app servers have spare
+	// capacity, as the Limiter's capacity signal measures it (see
+	// WithCapacity). Zero means a fixed limit of Requests.
+	Ceiling int
 }
 
 // PerSecond returns a limit of n requests per second.

@@ -422,7 +422,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	}
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
 	if d.env.RateLimitService {
-		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: window.FixedWindow},
+		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow},
 			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
 		if unlimited {
 			m.Limit = middleware.Limit{}
