@@ -205,3 +205,9 @@ func (h *healthHub) send(e HealthEvent) {
 		fn(e)
 	}
 }
+
+// publishSpare publishes this app server's spare capacity and reads the
+// fleet's; see fleetPublisher.
+func (r *RedisStore) publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (float64, int, error) {
+	return r.s.PublishSpare(ctx, now, server, spare, ttl)
+}
