@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/redisstore"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // SyncMode is how the app servers that share a Redis store coordinate the
@@ -108,7 +109,7 @@ func (c *compiledRule) compileSync() error {
 		return fmt.Errorf("sync_interval %s must be a whole number of milliseconds up to 1h, or 0 for %s", r.SyncInterval, DefaultSyncInterval)
 	}
 	for i, l := range r.Limits {
-		if !fleet.Supports(l.Algorithm) {
+		if !fleet.Supports(window.Algorithm(l.Algorithm)) {
 			return fmt.Errorf("sync: %s: limits[%d] is a %s, which is always decided exactly (sync: lease and write_back take sliding_window, fixed_window and token_bucket)", r.Sync, i, l.Algorithm)
 		}
 	}
@@ -123,13 +124,6 @@ func (c *compiledRule) compileSync() error {
 type syncLayer struct {
 	mu    sync.Mutex
 	store atomic.Pointer[fleetstore.Store]
-}
-
-// fleetBackend is what the coordination layer needs of the store: the
-// Redis store made by NewRedisStore.
-type fleetBackend interface {
-	Store
-	fleetstore.Backend
 }
 
 // bindSync gives the coordination layer the settings of the rules of set,
@@ -150,7 +144,7 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 		if len(rules) == 0 {
 			return nil
 		}
-		be, ok := l.cfg.store.(fleetBackend)
+		rs, ok := l.cfg.store.(*RedisStore)
 		if !ok {
 			for _, r := range set.rules {
 				if r.Sync != SyncExact {
@@ -160,7 +154,7 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 		}
 		var err error
 		fs, err = fleetstore.New(fleetstore.Config{
-			Backend: be, Exact: be, ID: redisstore.FleetID,
+			Backend: rs.s, Exact: rs.s, ID: redisstore.FleetID,
 			MaxKeys: l.cfg.syncMaxKeys, Now: l.cfg.clock, Events: l.syncEvents(), Manual: l.cfg.syncManual,
 		})
 		if err != nil {
@@ -176,7 +170,7 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 // it.
 func (l *Limiter) storeTake(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
 	if fs := l.syncs.store.Load(); fs != nil {
-		return fs.Take(ctx, now, charges, out)
+		return fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 	}
 	return l.cfg.store.Take(ctx, now, charges, out)
 }

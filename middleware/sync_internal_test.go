@@ -68,7 +68,7 @@ func fleetOf(t *testing.T, n int, client func() redis.Scripter, prefix string, c
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+		t.Cleanup(func() { store.Close() })
 		lim, err := NewRules(rules, append([]Option{WithStore(store), WithClock(clock.Now), withManualSync(), WithDenyCache(0)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
@@ -267,8 +267,8 @@ func TestSyncRedisRestart(t *testing.T) {
 		}
 	}
 	clock.Add(DefaultSyncInterval)
-	if res := decideAt(t, ls); res.Outcome != OutcomeFailedOpen || res.Err == nil {
-		t.Fatalf("lease spent with Redis down: outcome %s, err %v; want failed_open", res.Outcome, res.Err)
+	if res := decideAt(t, ls); res.Outcome != OutcomeFailedOpen || res.StoreErr == nil {
+		t.Fatalf("lease spent with Redis down: outcome %s, err %v; want failed_open", res.Outcome, res.StoreErr)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
