@@ -135,7 +135,9 @@ type Rule struct {
 	// Sync is how the app servers that share the Redis store coordinate
 	// this rule's counters: SyncExact (the default) decides every request
 	// in Redis; SyncLease and SyncWriteBack decide in memory and keep the
-	// fleet's count in Redis in the background, each with the bound on its
+	// fleet's count in Redis in the background (with another store than
+	// NewRedisStore's, such as the in-memory one, every mode decides
+	// exactly), each with the bound on its
 	// error that its doc states (see docs/fleet.md). They take sliding
 	// windows, fixed windows and token buckets; a rule with another
 	// algorithm in another mode than SyncExact is an error (limits from a

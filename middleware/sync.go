@@ -127,8 +127,9 @@ type syncLayer struct {
 }
 
 // bindSync gives the coordination layer the settings of the rules of set,
-// making the layer on first need. It fails if a rule asks for a mode the
-// store cannot coordinate.
+// making the layer on first need. Only the Redis store made by
+// NewRedisStore has one: with another store, every rule is decided
+// exactly, whatever its mode.
 func (l *Limiter) bindSync(set *ruleSet) error {
 	rules := map[string]fleetstore.Settings{}
 	for _, r := range set.rules {
@@ -146,11 +147,9 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 		}
 		rs, ok := l.cfg.store.(*RedisStore)
 		if !ok {
-			for _, r := range set.rules {
-				if r.Sync != SyncExact {
-					return fmt.Errorf("sluice: rule %q: sync: %s needs the Redis store (NewRedisStore); %T cannot coordinate app servers", r.Name, r.Sync, l.cfg.store)
-				}
-			}
+			// One process counts alone (the in-memory store) or the store
+			// coordinates itself: every mode decides exactly.
+			return nil
 		}
 		var err error
 		fs, err = fleetstore.New(fleetstore.Config{

@@ -107,7 +107,6 @@ func TestSyncConfigErrors(t *testing.T) {
 		{Rule{Name: "m", Key: fixedKey, Limits: []Limit{PerMinute(5)}, Sync: SyncLease, MaxUnsynced: 3}, true, `sluice: rule "m": max_unsynced applies only to sync: write_back`},
 		{Rule{Name: "i", Key: fixedKey, Limits: []Limit{PerMinute(5)}, Sync: SyncWriteBack, SyncInterval: 1500 * time.Microsecond}, true, `sluice: rule "i": sync_interval 1.5ms must be a whole number of milliseconds`},
 		{Rule{Name: "n", Key: fixedKey, Limits: []Limit{PerMinute(5)}, Sync: SyncLease, Lease: -1}, true, `sluice: rule "n": lease -1 must be between 1 and 2^30`},
-		{Rule{Name: "mem", Key: fixedKey, Limits: []Limit{PerMinute(5)}, Sync: SyncLease}, false, `sluice: rule "mem": sync: lease needs the Redis store`},
 	} {
 		opts := []Option{}
 		if tc.store {
@@ -117,6 +116,20 @@ func TestSyncConfigErrors(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("rule %q: error %v, want it to start with %s", tc.rule.Name, err, tc.want)
 		}
+	}
+	// With the in-memory store, one process counts alone: every mode
+	// decides exactly.
+	mem, err := NewRules([]Rule{{Name: "mem", Key: fixedKey, Limits: []Limit{PerMinute(5)}, Sync: SyncLease}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	n := 0
+	for decideAt(t, mem).Allowed {
+		n++
+	}
+	if n != 5 || mem.syncs.store.Load() != nil {
+		t.Errorf("in memory: %d admitted of 5, layer %v", n, mem.syncs.store.Load())
 	}
 	for _, s := range []string{"exact", "lease", "write_back"} {
 		m, err := ParseSyncMode(s)
