@@ -264,7 +264,16 @@ func TestSyncRedisRestart(t *testing.T) {
 	exact := fleetOf(t, 1, client, prefix, clock, []Rule{{Name: "wb", Key: fixedKey, Limits: []Limit{PerMinute(1000)}}})[0]
 	for i := 0; i < 3; i++ {
 		decideAt(t, wb)
+	}
+	// Enough requests for the slices to grow to the lease (10).
+	for i := 0; i < 25; i++ {
 		decideAt(t, ls)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ls.syncs.store.Load().Busy(); {
+		if time.Now().After(deadline) {
+			t.Fatal("a lease call is still on its way")
+		}
+		time.Sleep(time.Millisecond) // the refill of the slice, asked in the background
 	}
 	srv.Kill()
 	for i := 0; i < 20; i++ {
@@ -273,15 +282,24 @@ func TestSyncRedisRestart(t *testing.T) {
 		}
 	}
 	wb.syncNow(t, clock.Now()) // fails: the counts stay unsynced
-	// The lease holds 7 more; then its end brings the failure policy.
-	for i := 0; i < 7; i++ {
-		if res := decideAt(t, ls); !res.Allowed || res.Outcome != OutcomeAllowed {
-			t.Fatalf("lease with Redis down: request %d: %+v", i, res)
+	// The slice held is spent locally; then the failure policy applies.
+	local := 0
+	for local < 20 {
+		res := decideAt(t, ls)
+		if res.Outcome != OutcomeAllowed {
+			if res.Outcome != OutcomeFailedOpen || res.StoreErr == nil {
+				t.Fatalf("lease spent with Redis down: %+v", res)
+			}
+			break
 		}
+		local++
+	}
+	if local == 0 || local >= 20 {
+		t.Fatalf("%d requests decided locally with Redis down, want what was left of a slice of at most 10", local)
 	}
 	clock.Add(DefaultSyncInterval)
 	if res := decideAt(t, ls); res.Outcome != OutcomeFailedOpen || res.StoreErr == nil {
-		t.Fatalf("lease spent with Redis down: outcome %s, err %v; want failed_open", res.Outcome, res.StoreErr)
+		t.Fatalf("lease ended with Redis down: outcome %s, err %v; want failed_open", res.Outcome, res.StoreErr)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)

@@ -41,9 +41,59 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 		}
 	}
 	if need {
-		s.push(ctx, sh, id, call, ms)
+		s.pushWaiting(ctx, sh, id, call, ms, b)
 	}
 	return ok, nil
+}
+
+// pushWaiting makes the unsynced counts of entry id durable before the
+// request that brought them to max_unsynced is answered: one push at a
+// time per counter, which carries whatever was counted while the last one
+// was on its way; requests that reach the bound meanwhile wait for it.
+func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms int64, b *binding) {
+	for {
+		sh.mu.Lock()
+		e, _ := sh.lookup(id)
+		if e == nil || e.up+e.uc < b.maxUnsynced || s.failUntil.Load() > ms {
+			// Pushed meanwhile (only what is in flight is unsynced), or
+			// Redis fails: the syncer retries.
+			sh.mu.Unlock()
+			return
+		}
+		if e.flags&granting != 0 {
+			ch := s.waitCh(sh, id)
+			sh.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		e.flags |= granting
+		sh.mu.Unlock()
+		s.push(ctx, sh, id, call, ms)
+		sh.mu.Lock()
+		if e, _ := sh.lookup(id); e != nil {
+			e.flags &^= granting
+		}
+		s.wake(sh, id)
+		sh.mu.Unlock()
+		return
+	}
+}
+
+// waitCh returns the channel that wake closes for id. sh must be locked.
+func (s *Store) waitCh(sh *shard, id ident) chan struct{} {
+	if sh.waits == nil {
+		sh.waits = map[ident]chan struct{}{}
+	}
+	ch, ok := sh.waits[id]
+	if !ok {
+		ch = make(chan struct{})
+		sh.waits[id] = ch
+	}
+	return ch
 }
 
 // push sends the unsynced counts of entry id (possibly none: a read) and
@@ -81,7 +131,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			e.setState(st)
 			*out = window.Describe(st, at, b.lim, cost, true)
 			out.Remaining = min(out.Remaining+int(e.uc), b.lim.Capacity())
-			refill := e.uc < (b.lease+3)/4 && e.flags&granting == 0
+			refill := e.uc < (e.inflight+3)/4 && e.flags&granting == 0
 			if refill {
 				e.flags |= granting
 				sh.enlist(id, e)
@@ -90,7 +140,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			if refill {
 				// Ask for the next slice before this one runs out, so that
 				// busy counters keep deciding locally.
-				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, b.lease)
+				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, 0)
 			}
 			return true, nil
 		}
@@ -104,14 +154,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			return false, nil
 		}
 		if e.flags&granting != 0 {
-			if sh.waits == nil {
-				sh.waits = map[ident]chan struct{}{}
-			}
-			ch, ok := sh.waits[id]
-			if !ok {
-				ch = make(chan struct{})
-				sh.waits[id] = ch
-			}
+			ch := s.waitCh(sh, id)
 			sh.mu.Unlock()
 			select {
 			case <-ch:
@@ -123,7 +166,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		e.flags |= granting
 		sh.enlist(id, e)
 		sh.mu.Unlock()
-		rep, err := s.grant(ctx, sh, id, call, ms, max(b.lease, cost))
+		rep, err := s.grant(ctx, sh, id, call, ms, cost)
 		if err != nil {
 			return false, err
 		}
@@ -142,9 +185,10 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 }
 
 // grant makes one lease call for entry id (which has granting set): it
-// gives back the rest of a slice that ended and asks for want more
-// units. It clears granting and wakes the requests that wait for it.
-func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, want int64) (fleet.Reply, error) {
+// gives back the rest of a slice that ended and asks for the next slice,
+// at least need units (see nextWant). It clears granting and wakes the
+// requests that wait for it.
+func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need int64) (fleet.Reply, error) {
 	sh.mu.Lock()
 	e, _ := sh.lookup(id)
 	if e == nil {
@@ -152,7 +196,7 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, want i
 		sh.mu.Unlock()
 		return fleet.Reply{}, nil
 	}
-	j := job{b: e.b, fid: e.fid, lease: true, want: want, from: e.us}
+	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us}
 	if e.up <= ms && e.uc > 0 {
 		j.give, e.uc = e.uc, 0
 	}
@@ -176,6 +220,17 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, want i
 	}
 	s.granted(e, &j, &rep, ms)
 	return rep, nil
+}
+
+// nextWant is the slice to ask for next for entry e, and doubles the one
+// after, up to the rule's lease: a counter's first slice is 1 unit (a
+// counter used once costs one call, as in exact mode, and nothing to give
+// back), and a busy counter's slices grow to the lease in a few calls.
+// The syncer halves it when a slice ends unused. e's shard must be locked.
+func nextWant(e *entry) int64 {
+	w := max(e.inflight, 1)
+	e.inflight = min(2*w, e.b.lease)
+	return min(w, e.b.lease)
 }
 
 // granted applies a lease reply to entry e (nil if it was evicted, in
@@ -366,7 +421,9 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 				if ended && (e.uc > 0 || busy) {
 					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh}
 					if busy {
-						j.want = b.lease
+						j.want = nextWant(e)
+					} else {
+						e.inflight = max(e.inflight/4, 1)
 					}
 					e.uc = 0
 					e.flags |= granting

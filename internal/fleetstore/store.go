@@ -532,3 +532,23 @@ func (s *Store) undo(charges []window.Charge, bs []*binding, out []window.Decisi
 		sh.mu.Unlock()
 	}
 }
+
+// Busy reports whether a lease call or a waited-for push of some counter
+// is on its way.
+func (s *Store) Busy() bool {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n := len(sh.waits)
+		for _, id := range sh.list {
+			if e, _ := sh.lookup(id); e != nil && e.flags&granting != 0 {
+				n++
+			}
+		}
+		sh.mu.Unlock()
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -22,7 +22,8 @@ const (
 	// listed: the entry is in its shard's list of entries the syncer
 	// visits (unsynced counts, a lease, or a recent use).
 	listed = 1 << iota
-	// granting: a lease call for the entry is on its way.
+	// granting: a lease call for the entry is on its way, or, in
+	// write-back mode, a push that requests wait for.
 	granting
 	// full: the last lease call granted nothing; until up, requests that
 	// the slice left does not cover are denied without asking again.
@@ -35,7 +36,8 @@ const (
 //     Curr; inflight is what pushes on their way carry.
 //   - lease: C is the counter as the last lease call returned it; uc is
 //     the units of the slice left, up the instant (Unix ms, local clock)
-//     the slice ends and us the start of the window it was counted in.
+//     the slice ends and us the start of the window it was counted in;
+//     inflight is the size to ask for next (see nextWant).
 type entry struct {
 	fid      fleet.ID
 	flags    uint8
