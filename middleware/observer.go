@@ -51,6 +51,10 @@ type Observer interface {
 	// write-back mode counts locally, syncs with Redis, leases, gives back
 	// or drops (see SyncEvent); SyncFlushed on the syncer's goroutine.
 	Synced(e SyncEvent)
+	// Region is called when the syncer of a RegionStore syncs with a
+	// peer region, fails to, or finds a peer unreachable or reachable
+	// again (see RegionEvent), on the syncer's goroutine.
+	Region(e RegionEvent)
 }
 
 // BatchObserver is implemented by Observers that also want the size of
@@ -74,6 +78,7 @@ func (NopObserver) CapacityChanged(CapacityEvent)    {}
 func (NopObserver) ElasticChanged(ElasticEvent)      {}
 func (NopObserver) Shed(string, Priority)            {}
 func (NopObserver) Synced(SyncEvent)                 {}
+func (NopObserver) Region(RegionEvent)               {}
 
 // WithObserver adds o to the observers of the limiter; it may be given
 // several times (metrics and logs, say), and each observer sees

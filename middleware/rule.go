@@ -158,6 +158,14 @@ type Rule struct {
 	// MaxMaxUnsynced.
 	MaxUnsynced int
 
+	// Scope is whose budget the rule's limits are when app servers run in
+	// several regions with a RegionStore: ScopeRegion (the default), the
+	// region's; ScopeGlobal, one budget across regions synced in the
+	// background every SyncInterval; ScopeGlobalStrict, one budget decided
+	// in the home region. With another store every scope is the store's.
+	// See Scope and docs/regions.md.
+	Scope Scope
+
 	// AdaptiveConcurrency, when set, bounds the requests of this rule in
 	// flight in this app server by a limit that follows their latency
 	// (see AdaptiveConcurrency), shedding them by Priority. A rule may
@@ -250,6 +258,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileSync(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileScope(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)

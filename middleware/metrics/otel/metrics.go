@@ -49,6 +49,10 @@
 //	sluice.sync.lease.granted      Int64Counter                  {unit}     rule           sluice_sync_lease_granted_total
 //	sluice.sync.gave_back          Int64Counter                  {unit}     rule           sluice_sync_gave_back_total
 //	sluice.sync.dropped            Int64Counter                  {unit}     rule           sluice_sync_dropped_total
+//	sluice.region.peer.lag         Float64Histogram              s          peer           sluice_region_peer_lag_seconds
+//	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
+//	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
+//	sluice.region.dropped          Int64Counter                  {counter}                 sluice_region_dropped_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -133,6 +137,10 @@ var MetricNames = []string{
 	SyncLeaseGranted,
 	SyncGaveBack,
 	SyncDropped,
+	RegionPeerLag,
+	RegionSyncErrors,
+	RegionPeerUnreachable,
+	RegionDropped,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -243,6 +251,7 @@ type Metrics struct {
 
 	capacity capacityInstruments // capacity.go
 	sync     syncInstruments     // sync.go
+	region   regionInstruments   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -337,6 +346,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(err)
 	check(m.initCapacity(meter))
 	check(m.initSync(meter))
+	check(m.initRegion(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

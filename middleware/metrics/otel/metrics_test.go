@@ -353,6 +353,7 @@ func TestMetricNames(t *testing.T) {
 	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
 	m.Shed("api", middleware.PrioritySheddable)
 	syncEvents(m)
+	regionEvents(m)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -39,6 +39,10 @@
 //	sluice_sync_lease_granted_total{rule}  counter    units leased in lease mode
 //	sluice_sync_gave_back_total{rule}      counter    leased units not used and given back
 //	sluice_sync_dropped_total{rule}        counter    units of evicted counters the fleet's count misses
+//	sluice_region_peer_lag_seconds{peer}   histogram  syncs of global counts to a peer region
+//	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
+//	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
+//	sluice_region_dropped_total            counter    global counters not synced (too many)
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -110,6 +114,10 @@ var MetricNames = []string{
 	SyncLeaseGranted,
 	SyncGaveBackTotal,
 	SyncDroppedTotal,
+	RegionPeerLag,
+	RegionSyncErrors,
+	RegionPeerUnreachable,
+	RegionDroppedTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -204,6 +212,7 @@ type Metrics struct {
 
 	capacity capacityMetrics // capacity.go
 	sync     syncMetrics     // sync.go
+	region   regionMetrics   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -294,6 +303,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	}
 	m.capacity = newCapacityMetrics(cl)
 	m.sync = newSyncMetrics(cl)
+	m.region = newRegionMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -424,6 +434,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.batchSize.Describe(ch)
 	m.capacity.describe(ch)
 	m.sync.describe(ch)
+	for _, c := range m.region.collectors() {
+		c.Describe(ch)
+	}
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -446,6 +459,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.batchSize.Collect(ch)
 	m.capacity.collect(ch)
 	m.sync.collect(ch)
+	for _, c := range m.region.collectors() {
+		c.Collect(ch)
+	}
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()
