@@ -131,6 +131,10 @@ type Rule struct {
 	// ConcurrencyStatus is the status of a request denied by Concurrency:
 	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
 	ConcurrencyStatus int
+
+	// Count, when set, charges the rule's limits only for requests whose
+	// response status it matches, such as failed logins; see Count.
+	Count Count
 }
 
 var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)

@@ -30,7 +30,7 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "count"}
 	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
 	allowFields = []string{"cidrs", "keys"}
@@ -245,6 +245,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			allow = d.allow(v, fpath)
 		case "plans":
 			plansNode = v
+		case "count":
+			r.Count = d.count(v, fpath)
 		}
 	})
 	if limitsNode != nil {
