@@ -42,6 +42,8 @@ type Limiter struct {
 
 type ruleSet struct {
 	rules []*compiledRule
+	// counting are the rules that count by outcome (Rule.Count).
+	counting countingRules
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -87,6 +89,11 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err != nil {
 		return err
 	}
+	if set.counting != nil {
+		if err := l.checkRefunder(set); err != nil {
+			return err
+		}
+	}
 	if l.cfg.slots == nil {
 		for _, r := range set.rules {
 			if r.Concurrency > 0 {
@@ -115,6 +122,7 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 		seen[r.Name] = true
 		set.rules = append(set.rules, c)
 	}
+	set.counting = counting(set.rules)
 	return set, nil
 }
 
@@ -248,8 +256,9 @@ type Result struct {
 	Delay time.Duration
 
 	policies string
-	status   int    // the status of a concurrency denial, 0 for 429
-	hold     *hold  // concurrency slots to give back (Done)
+	status   int         // the status of a concurrency denial, 0 for 429
+	hold     *hold       // concurrency slots to give back (Done)
+	settle   *settlement // charges to give back if the response does not count (Finish)
 	key      string // the binding limit's key, for hashed logs
 	blocked  bool   // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
@@ -369,7 +378,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	}
 	if len(s.charges) > 0 {
 		s.decisions = grow(s.decisions, len(s.charges))
-		allowed, err := l.take(ctx, now, s.charges, s.decisions)
+		var at *time.Time
+		if set.counting != nil {
+			at = &s.at
+		}
+		allowed, err := l.take(ctx, now, s.charges, s.decisions, at)
 		if err != nil {
 			*res, err = l.storeFailed(ctx, now, r, s, err)
 			if err != nil || !res.Limited {
@@ -396,7 +409,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	// rules included.
 	if len(s.shadow) > 0 && res.Allowed {
 		s.shadowDec = grow(s.shadowDec, len(s.shadow))
-		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
+		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec, nil)
 		if err != nil {
 			l.cfg.report(r, err)
 		} else if !allowed {
@@ -416,6 +429,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	}
 	if res.Allowed {
 		res.hold = h
+		if set.counting != nil && !s.at.IsZero() {
+			res.settle = l.settlementFor(set.counting, s.store, s.at, s.charges)
+		}
 	} else {
 		h.releaseNow()
 	}
@@ -432,7 +448,12 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	return nil
 }
 
-func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+// take asks the store to decide charges at now. When at is not nil, the
+// charges include some of rules that count by outcome: *at is set to the
+// instant the store admitted them at (zero if it did not), and denials are
+// not remembered by the deny cache, since the charges of requests in
+// flight may yet be given back.
+func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
 	dc := l.cfg.denyCache
 	var local time.Time
 	if dc != nil {
@@ -463,14 +484,14 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 	if len(l.cfg.observers) > 0 {
 		began = time.Now()
 	}
-	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	ok, err := l.storeTake(l.cfg.store, ctx, now, charges, out, at)
 	if len(l.cfg.observers) > 0 {
 		d := time.Since(began)
 		for _, o := range l.cfg.observers {
 			o.StoreCalled(d, err)
 		}
 	}
-	if err == nil && !ok && dc != nil {
+	if err == nil && !ok && dc != nil && at == nil {
 		dc.Record(local, charges, out)
 	}
 	if err != nil {
@@ -495,7 +516,12 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	case FailClosed:
 		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
-		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
+		var at *time.Time
+		if l.rules.Load().counting != nil {
+			at = &s.at
+		}
+		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, at)
+		s.store = l.cfg.fallback
 		if ferr == nil {
 			var res Result
 			s.result(&res, allowed, s.charges, s.decisions, s.metas)
@@ -574,6 +600,11 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 		if err := lim.Validate(); err != nil {
 			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
+		if !c.Count.IsZero() {
+			if err := refundable(lim); err != nil {
+				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			}
+		}
 		for _, prev := range nominal[:i] {
 			if windowName(prev) == windowName(lim) {
 				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
@@ -642,6 +673,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))
 			return
 		}
+		if res.settle != nil {
+			l.serveCounted(w, r, next, &res)
+			return
+		}
 		if res.hold != nil {
 			// Given back when next returns, panics included.
 			defer res.Done()
@@ -677,6 +712,10 @@ type scratch struct {
 	slots                []slotRequest
 	// blocked and shadowBlocked are the first Deny rules that applied.
 	blocked, shadowBlocked *compiledRule
+	// at is the instant the store admitted the charges at, when some
+	// count by outcome, and store the store that did.
+	at    time.Time
+	store Store
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -704,6 +743,7 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
+	s.at, s.store = time.Time{}, nil
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)

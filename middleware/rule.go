@@ -204,6 +204,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if err := c.compileConditions(); err != nil {
 		return nil, errorf("%v", err)
 	}
+	if err := c.compileCount(); err != nil {
+		return nil, errorf("%v", err)
+	}
 	c.Limits = append([]Limit(nil), r.Limits...)
 	c.AllowCIDRs = append([]netip.Prefix(nil), r.AllowCIDRs...)
 	for _, p := range c.AllowCIDRs {

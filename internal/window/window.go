@@ -115,6 +115,11 @@ type Limit struct {
 	// bound beyond the queue's length. It must be a whole number of
 	// milliseconds; other algorithms must leave it zero.
 	MaxDelay time.Duration
+	// Ban, when > 0, is how long a client this limit refuses is refused
+	// under its rule afterwards. Stores do not read it: the middleware
+	// keeps bans. It must be a whole number of milliseconds, at most
+	// MaxWindow.
+	Ban time.Duration
 }
 
 // String returns the limit as "100/1m0s", followed by its algorithm when
@@ -174,6 +179,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("limit %s: a leaky bucket's queue must be below 2^50 (%d)", l, MaxRequests)
 	case l.Burst < 0 || l.Burst > MaxRequests:
 		return fmt.Errorf("limit %s: burst must be between 1 and 2^50 (%d), or 0 for requests", l, MaxRequests)
+	case l.Ban < 0 || l.Ban%time.Millisecond != 0 || l.Ban > MaxWindow:
+		return fmt.Errorf("limit %s: ban %s must be a whole number of milliseconds between 0 and %s", l, l.Ban, MaxWindow)
 	case l.MaxLog != 0 && l.Algorithm != SlidingLog:
 		return fmt.Errorf("limit %s: max_log applies only to the sliding_log algorithm", l)
 	case l.MaxLog < 0 || l.MaxLog > MaxLogRequests:
