@@ -259,8 +259,8 @@ type Result struct {
 	status   int         // the status of a concurrency denial, 0 for 429
 	hold     *hold       // concurrency slots to give back (Done)
 	settle   *settlement // charges to give back if the response does not count (Finish)
-	key      string // the binding limit's key, for hashed logs
-	blocked  bool   // denied by a Deny rule
+	key      string      // the binding limit's key, for hashed logs
+	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
 	prepared *headers.Prepared
 }
