@@ -38,12 +38,17 @@ type Limiter struct {
 	waiting atomic.Int64
 	// unmatched is the UnmatchedPolicy in force.
 	unmatched atomic.Uint32
+	// clients holds bans and per-client overrides (ban.go, override.go).
+	clients clientState
 }
 
 type ruleSet struct {
 	rules []*compiledRule
 	// counting are the rules that count by outcome (Rule.Count).
 	counting countingRules
+	// banning is set when a limit has a Ban (or a rule a LimitsFunc, whose
+	// limits may).
+	banning bool
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -77,6 +82,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		l.cfg.closeOwned()
 		return nil, err
 	}
+	l.startClientSync()
 	return l, nil
 }
 
@@ -123,6 +129,7 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 		set.rules = append(set.rules, c)
 	}
 	set.counting = counting(set.rules)
+	set.banning = banning(set.rules)
 	return set, nil
 }
 
@@ -135,6 +142,7 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 // their lease ends, if the requests do not end first.
 func (l *Limiter) Close() error {
 	l.stopRenewer()
+	l.stopClientSync()
 	return l.cfg.closeOwned()
 }
 
@@ -254,6 +262,9 @@ type Result struct {
 	// Delay is how long an admitted request waited for its turn in a
 	// leaky bucket's queue (LeakyBucket) before Decide returned.
 	Delay time.Duration
+	// Banned reports that the request was denied because its client is
+	// banned (Limit.Ban): RetryAfter is the time left of the ban.
+	Banned bool
 
 	policies string
 	status   int         // the status of a concurrency denial, 0 for 429
@@ -357,6 +368,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	if l.cfg.clock != nil {
 		now = l.cfg.clock()
 	}
+	if (set.banning || l.clients.overrides.n.Load() > 0) && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Banned, res.Outcome = true, OutcomeDenied
+		return nil
+	}
 	res.Allowed = true // res is zero
 	var h *hold
 	slotShadowed := false
@@ -395,6 +411,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 				return err
 			}
 		} else {
+			if !allowed && (set.banning || l.clients.overrides.n.Load() > 0) && !l.cfg.shadow {
+				res.Banned = l.startBans(ctx, now, r, s)
+			}
 			s.result(res, allowed, s.charges, s.decisions, s.metas)
 		}
 	}
@@ -573,6 +592,11 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 		var err error
 		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
 			return err
+		}
+	}
+	if l.clients.overrides.n.Load() > 0 {
+		if cl := l.overrideFor(rule, key); cl != nil {
+			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
 		}
 	}
 	dst, metas := &s.charges, &s.metas

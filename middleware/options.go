@@ -95,6 +95,8 @@ type config struct {
 	slotsShared   bool          // slots has leases to renew
 	maxWaiting    int64         // requests waiting for a leaky bucket's turn
 	observers     []Observer
+	maxOverrides  int           // WithMaxOverrides
+	clientSync    time.Duration // WithClientSync, 0 for DefaultClientSync
 }
 
 func defaultConfig() config {
@@ -106,6 +108,7 @@ func defaultConfig() config {
 		denyCacheSize:   -1,
 		lease:           DefaultConcurrencyLease,
 		maxWaiting:      DefaultMaxWaiting,
+		maxOverrides:    DefaultMaxOverrides,
 	}
 }
 
