@@ -31,17 +31,75 @@ const DefaultMaxBans = 100_000
 // sharedState is implemented by stores that keep bans and overrides for a
 // whole fleet: the Redis store.
 type sharedState interface {
-	SetBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error)
-	BannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error)
-	LiftBan(ctx context.Context, rule, key string) (bool, error)
-	Bans(ctx context.Context, now time.Time, limit int) ([]redisstore.Ban, int, error)
-	AdminVersion(ctx context.Context) (int64, error)
-	SetOverride(ctx context.Context, now time.Time, rule, key string, value []byte, until time.Time, max int) error
-	RemoveOverride(ctx context.Context, rule, key string) (bool, error)
-	LoadOverrides(ctx context.Context) (int64, []redisstore.StoredOverride, error)
+	setBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error)
+	bannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error)
+	liftBan(ctx context.Context, rule, key string) (bool, error)
+	bans(ctx context.Context, now time.Time, limit int) ([]redisstore.Ban, int, error)
+	adminVersion(ctx context.Context) (int64, error)
+	setOverride(ctx context.Context, now time.Time, rule, key string, value []byte, until time.Time, max int) error
+	removeOverride(ctx context.Context, rule, key string) (bool, error)
+	loadOverrides(ctx context.Context) (int64, []redisstore.StoredOverride, error)
 }
 
-var _ sharedState = (*redisstore.Store)(nil)
+var (
+	_ sharedState = (*RedisStore)(nil)
+	_ Refunder    = (*RedisStore)(nil)
+	_ Refunder    = (*MemoryStore)(nil)
+)
+
+// The Redis store keeps bans and overrides for the fleet.
+
+func (r *RedisStore) setBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error) {
+	return r.s.SetBan(ctx, now, rule, key, d)
+}
+
+func (r *RedisStore) bannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error) {
+	return r.s.BannedUntil(ctx, now, rule, key)
+}
+
+func (r *RedisStore) liftBan(ctx context.Context, rule, key string) (bool, error) {
+	return r.s.LiftBan(ctx, rule, key)
+}
+
+func (r *RedisStore) bans(ctx context.Context, now time.Time, limit int) ([]redisstore.Ban, int, error) {
+	return r.s.Bans(ctx, now, limit)
+}
+
+func (r *RedisStore) adminVersion(ctx context.Context) (int64, error) { return r.s.AdminVersion(ctx) }
+
+func (r *RedisStore) setOverride(ctx context.Context, now time.Time, rule, key string, value []byte, until time.Time, max int) error {
+	return r.s.SetOverride(ctx, now, rule, key, value, until, max)
+}
+
+func (r *RedisStore) removeOverride(ctx context.Context, rule, key string) (bool, error) {
+	return r.s.RemoveOverride(ctx, rule, key)
+}
+
+func (r *RedisStore) loadOverrides(ctx context.Context) (int64, []redisstore.StoredOverride, error) {
+	return r.s.LoadOverrides(ctx)
+}
+
+// TakeAt is Take that also returns the instant Redis decided at; see
+// Refunder.
+func (r *RedisStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	return r.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// Refund gives back admitted charges; see Refunder.
+func (r *RedisStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return r.s.Refund(ctx, at, internalCharges(charges))
+}
+
+// TakeAt is Take that also returns the instant the store decided at; see
+// Refunder.
+func (m *MemoryStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	return m.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// Refund gives back admitted charges; see Refunder.
+func (m *MemoryStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return m.s.Refund(ctx, at, internalCharges(charges))
+}
 
 // clientID names a client under a rule.
 type clientID struct{ rule, key string }
@@ -166,7 +224,7 @@ func (l *Limiter) banned(ctx context.Context, now time.Time, r keyfunc.Request, 
 		if l.clients.shared == nil {
 			continue
 		}
-		u, err := l.clients.shared.BannedUntil(ctx, now, c.Name, c.Key)
+		u, err := l.clients.shared.bannedUntil(ctx, now, c.Name, c.Key)
 		if err != nil {
 			// The ban cannot be read: the store's decision stands.
 			l.cfg.report(r, fmt.Errorf("%w: read the ban of rule %q: %w", ErrStore, c.Name, err))
@@ -205,7 +263,7 @@ func (l *Limiter) startBans(ctx context.Context, now time.Time, r keyfunc.Reques
 		id := clientID{c.Name, c.Key}
 		until := local + c.Limit.Ban.Milliseconds()
 		if sh := l.clients.shared; sh != nil {
-			u, err := sh.SetBan(ctx, now, c.Name, c.Key, c.Limit.Ban)
+			u, err := sh.setBan(ctx, now, c.Name, c.Key, c.Limit.Ban)
 			if err != nil {
 				l.cfg.report(r, fmt.Errorf("%w: ban a client of rule %q: %w", ErrStore, c.Name, err))
 			} else {
@@ -238,7 +296,7 @@ func (l *Limiter) Bans(ctx context.Context, limit int) ([]Ban, int, error) {
 		now = l.cfg.clock()
 	}
 	if sh := l.clients.shared; sh != nil {
-		list, total, err := sh.Bans(ctx, now, limit)
+		list, total, err := sh.bans(ctx, now, limit)
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: %w", ErrStore, err)
 		}
@@ -273,7 +331,7 @@ func (l *Limiter) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 		dc.Forget(key)
 	}
 	if sh := l.clients.shared; sh != nil {
-		ok, err := sh.LiftBan(ctx, rule, key)
+		ok, err := sh.liftBan(ctx, rule, key)
 		if err != nil {
 			return was, fmt.Errorf("%w: %w", ErrStore, err)
 		}

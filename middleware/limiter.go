@@ -40,6 +40,8 @@ type Limiter struct {
 	unmatched atomic.Uint32
 	// clients holds bans and per-client overrides (ban.go, override.go).
 	clients clientState
+	// ov holds the capacity signals (adaptive.go, elastic.go).
+	ov overload
 }
 
 type ruleSet struct {
@@ -49,6 +51,8 @@ type ruleSet struct {
 	// banning is set when a limit has a Ban (or a rule a LimitsFunc, whose
 	// limits may).
 	banning bool
+	// overload reports that a rule has AdaptiveConcurrency.
+	overload bool
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -107,6 +111,7 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
 }
@@ -143,10 +148,10 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 func (l *Limiter) Close() error {
 	l.stopRenewer()
 	l.stopClientSync()
+	l.stopFleet()
 	return l.cfg.closeOwned()
 }
 
-// Result is the outcome of Decide.
 // Outcome is how a request was decided, as reported to WithOnDecision and
 // to metrics.
 type Outcome uint8
@@ -206,15 +211,20 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Result is what Decide found for one request: whether it may proceed,
+// the binding limit and where it stands (for the rate-limit headers and
+// the 429), and how the request was decided (Outcome). WriteHeaders turns
+// it into response headers; Done gives back the concurrency slots it
+// holds.
 type Result struct {
 	// Allowed reports whether the request may proceed. In shadow mode it
 	// is true even when a limit was exceeded; see Shadowed.
 	Allowed bool
-	// Limited reports whether any limit applied to the request. When it is
+	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
 	// policy is to fail open) the other fields are zero and no rate-limit
 	// headers are sent.
-	Limited bool
+	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
 	Shadowed bool
@@ -239,9 +249,12 @@ type Result struct {
 	RetryAfter time.Duration
 	// Cost is what the request was charged under the binding limit.
 	Cost int
-	// Err is the store error a fail-open or fallback limiter absorbed, or
-	// the error Decide returned.
-	Err error
+	// StoreErr is the store error that a limiter failing open, or deciding
+	// with its local fallback (FailLocal), absorbed: the request was
+	// decided all the same (OutcomeFailedOpen, OutcomeFallback), and Decide
+	// returned no error. It wraps ErrStore. An error that left the request
+	// undecided is Decide's own returned error, not StoreErr.
+	StoreErr error
 	// Outcome says how the request was decided; WithOnDecision sees every
 	// request Decide handles, exactly once, with its Outcome.
 	Outcome Outcome
@@ -265,6 +278,16 @@ type Result struct {
 	// Banned reports that the request was denied because its client is
 	// banned (Limit.Ban): RetryAfter is the time left of the ban.
 	Banned bool
+	// Shed reports that an adaptive concurrency limit refused the request
+	// (Rule.AdaptiveConcurrency); Concurrency is set too, and Limit is the
+	// threshold of the request's Priority.
+	Shed bool
+	// Priority is the request's priority, when an adaptive concurrency
+	// limit applied to it.
+	Priority Priority
+	// Elastic reports that the request was admitted past its limit, on
+	// the headroom an elastic limit (Limit.Ceiling) had open.
+	Elastic bool
 
 	policies string
 	status   int         // the status of a concurrency denial, 0 for 429
@@ -296,7 +319,6 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 	err := l.decide(r, res)
 	if err != nil {
-		res.Err = err
 		switch {
 		case res.Outcome != 0:
 		case errors.Is(err, keyfunc.ErrNoKey):
@@ -335,6 +357,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		if rule.Skip != nil && rule.Skip(r) {
 			continue
 		}
+		if rule.overloadRule && s.noteOverload(rule) {
+			continue
+		}
 		if err := l.addCharges(s, rule, r); err != nil {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
@@ -351,6 +376,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		}
 		return nil
 	}
+	oh, shed := l.admitOverload(r, s, res)
+	if shed {
+		return nil
+	}
+	defer l.settleOverload(oh, s, res)
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
 		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
 			*res = l.unmatchedResult()
@@ -394,14 +424,13 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	}
 	if len(s.charges) > 0 {
 		s.decisions = grow(s.decisions, len(s.charges))
-		var at *time.Time
 		if set.counting != nil {
-			at = &s.at
+			s.atp = &s.at
 		}
-		allowed, err := l.take(ctx, now, s.charges, s.decisions, at)
+		allowed, err := l.takeElastic(ctx, now, s)
 		if err != nil {
 			*res, err = l.storeFailed(ctx, now, r, s, err)
-			if err != nil || !res.Limited {
+			if err != nil || !res.Applied {
 				if err != nil || !res.Allowed {
 					h.releaseNow()
 				} else {
@@ -428,7 +457,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	// rules included.
 	if len(s.shadow) > 0 && res.Allowed {
 		s.shadowDec = grow(s.shadowDec, len(s.shadow))
-		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec, nil)
+		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
 		if err != nil {
 			l.cfg.report(r, err)
 		} else if !allowed {
@@ -467,12 +496,17 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	return nil
 }
 
-// take asks the store to decide charges at now. When at is not nil, the
-// charges include some of rules that count by outcome: *at is set to the
+// take asks the store to decide charges at now. takeAt is take for
+// charges that include some of rules that count by outcome: *at is set to the
 // instant the store admitted them at (zero if it did not), and denials are
 // not remembered by the deny cache, since the charges of requests in
 // flight may yet be given back.
-func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
+func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return l.takeAt(ctx, now, charges, out, nil)
+}
+
+// takeAt is take that, when at is not nil, also sets *at (see take).
+func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
 	dc := l.cfg.denyCache
 	var local time.Time
 	if dc != nil {
@@ -482,13 +516,13 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		if local.IsZero() {
 			local = time.Now()
 		}
-		if i, d, ok := dc.Lookup(local, charges); ok {
+		if i, d, ok := dc.Lookup(local, internalCharges(charges)); ok {
 			// The store would deny too. The other charges were not
 			// decided; they are reported as not binding.
 			for j := range out {
 				out[j] = Decision{Allowed: true}
 			}
-			out[i] = d
+			out[i] = Decision(d)
 			for _, o := range l.cfg.observers {
 				o.DenyCacheHit(charges[i].Name)
 			}
@@ -511,7 +545,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		}
 	}
 	if err == nil && !ok && dc != nil && at == nil {
-		dc.Record(local, charges, out)
+		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {
 		if b != nil {
@@ -544,12 +578,12 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 		if ferr == nil {
 			var res Result
 			s.result(&res, allowed, s.charges, s.decisions, s.metas)
-			res.Err, res.Outcome = err, OutcomeFallback
+			res.StoreErr, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
 		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
 	}
-	return Result{Allowed: true, Err: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
+	return Result{Allowed: true, StoreErr: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
 
 // addCharges appends the charges of rule for r to s.
@@ -587,17 +621,23 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	cost = max(cost, 1)
 	limits, nominal, names, policy, prepared := rule.limits, rule.nominal, rule.names, rule.policy, rule.prepared
+	elastic := rule.elastic
 	if rule.LimitsFunc != nil {
 		prepared = nil
 		var err error
-		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
+		if limits, nominal, names, policy, elastic, err = rule.dynamic(r, key); err != nil {
 			return err
 		}
 	}
 	if l.clients.overrides.n.Load() > 0 {
 		if cl := l.overrideFor(rule, key); cl != nil {
 			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
+			elastic = false // overrides have no Ceiling
 		}
+	}
+	if elastic && !rule.Shadow {
+		nominal, policy = l.elasticLimits(s, len(s.charges), nominal, names)
+		prepared = nil
 	}
 	dst, metas := &s.charges, &s.metas
 	if rule.Shadow {
@@ -615,34 +655,38 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 }
 
 // dynamic computes the limits of a rule with a LimitsFunc.
-func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, err error) {
+func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, elastic bool, err error) {
 	// A copy: the charges' metadata points into it until the result is
 	// made, and a LimitsFunc may reuse the slice it returns.
 	nominal = append([]Limit(nil), c.LimitsFunc(r, key)...)
 	ps := make([]headers.Policy, len(nominal))
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
 		if !c.Count.IsZero() {
 			if err := refundable(lim); err != nil {
-				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 			}
 		}
+		if err := validateCeiling(lim); err != nil {
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		elastic = elastic || lim.Ceiling > 0
 		for _, prev := range nominal[:i] {
 			if windowName(prev) == windowName(lim) {
-				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
 			}
 		}
 		eff, err := withOverage(lim, c.Overage)
 		if err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
 		limits = append(limits, eff)
 		names = append(names, policyName(c.Name, lim, len(nominal)))
 		ps[i] = policyOf(names[i], lim)
 	}
-	return limits, nominal, names, headers.FormatPolicies(ps...), nil
+	return limits, nominal, names, headers.FormatPolicies(ps...), elastic, nil
 }
 
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
@@ -657,7 +701,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		}
 		return
 	}
-	if !res.Limited || l.cfg.style == headers.None && res.Allowed {
+	if !res.Applied || l.cfg.style == headers.None && res.Allowed {
 		return
 	}
 	v := headers.Values{
@@ -739,7 +783,9 @@ type scratch struct {
 	// at is the instant the store admitted the charges at, when some
 	// count by outcome, and store the store that did.
 	at    time.Time
+	atp   *time.Time
 	store Store
+	overloadScratch
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -767,7 +813,8 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
-	s.at, s.store = time.Time{}, nil
+	s.at, s.atp, s.store = time.Time{}, nil, nil
+	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)
@@ -785,7 +832,7 @@ func grow[T any](s []T, n int) []T {
 // longest wait or, when allowed, the one with the fewest requests
 // remaining.
 func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) {
-	res.Allowed, res.Limited = allowed, true
+	res.Allowed, res.Applied = allowed, true
 	best := -1
 	for i := range ds {
 		d := &ds[i]

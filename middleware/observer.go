@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -37,6 +36,17 @@ type Observer interface {
 	// its Redis store reports when the store was built with
 	// NewRedisStore.
 	StoreHealth(e HealthEvent)
+	// CapacityChanged is called when a capacity signal moves: the
+	// adaptive limit of a rule with AdaptiveConcurrency, or the spare
+	// capacity of the Limiter's signal for elastic limits (at most about
+	// once per 100ms window of samples each).
+	CapacityChanged(e CapacityEvent)
+	// ElasticChanged is called when the effective limit of an elastic
+	// limit (Limit.Ceiling) of a rule with static limits moves.
+	ElasticChanged(e ElasticEvent)
+	// Shed is called when an adaptive concurrency limit of rule refuses a
+	// request of priority p.
+	Shed(rule string, p Priority)
 }
 
 // BatchObserver is implemented by Observers that also want the size of
@@ -56,6 +66,9 @@ func (NopObserver) StoreCalled(time.Duration, error) {}
 func (NopObserver) DenyCacheHit(string)              {}
 func (NopObserver) BreakerChanged(bool)              {}
 func (NopObserver) StoreHealth(HealthEvent)          {}
+func (NopObserver) CapacityChanged(CapacityEvent)    {}
+func (NopObserver) ElasticChanged(ElasticEvent)      {}
+func (NopObserver) Shed(string, Priority)            {}
 
 // WithObserver adds o to the observers of the limiter; it may be given
 // several times (metrics and logs, say), and each observer sees
@@ -113,7 +126,7 @@ func (o *logObserver) Decided(r keyfunc.Request, res *Result) {
 	case OutcomeFailedOpen:
 		if n, ok := o.errs.allow("failed_open"); ok {
 			o.log.LogAttrs(context.Background(), slog.LevelWarn, "sluice: store failed, request let through unlimited",
-				slog.String("rule", res.Rule), slog.Any("error", res.Err), slog.Int("not_logged", n))
+				slog.String("rule", res.Rule), slog.Any("error", res.StoreErr), slog.Int("not_logged", n))
 		}
 	}
 }
@@ -200,9 +213,9 @@ type Stats struct {
 func (l *Limiter) Stats() Stats {
 	st := Stats{Waiting: l.waiting.Load()}
 	for _, s := range []Store{l.cfg.store, l.cfg.fallback} {
-		if m, ok := s.(*memstore.Store); ok {
-			st.MemoryKeys += m.Len()
-			st.MemoryEvictions += m.Evictions()
+		if m, ok := s.(*MemoryStore); ok {
+			st.MemoryKeys += m.s.Len()
+			st.MemoryEvictions += m.s.Evictions()
 		}
 	}
 	l.renew.mu.Lock()

@@ -137,6 +137,9 @@ func compileLimits(c *compiledRule, limits []Limit) *compiledLimits {
 		if c.Cost > l.Capacity() {
 			return fail("cost %d exceeds limit %s: no request could ever pass", c.Cost, l)
 		}
+		if l.Ceiling > 0 {
+			return fail("limit %s: an override has no ceiling", l)
+		}
 		if !c.Count.IsZero() {
 			if err := refundable(l); err != nil {
 				return fail("%v", err)
@@ -228,7 +231,7 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 		if err != nil {
 			return err
 		}
-		if err := sh.SetOverride(ctx, now, o.Rule, o.Key, v, o.Until, l.cfg.maxOverrides); err != nil {
+		if err := sh.setOverride(ctx, now, o.Rule, o.Key, v, o.Until, l.cfg.maxOverrides); err != nil {
 			if isTooMany(err) {
 				return fmt.Errorf("%w: %d held", ErrTooManyOverrides, l.cfg.maxOverrides)
 			}
@@ -323,7 +326,7 @@ func (l *Limiter) RemoveOverride(ctx context.Context, rule, key string) (bool, e
 	t.n.Store(int64(len(t.m)))
 	t.mu.Unlock()
 	if sh := l.clients.shared; sh != nil {
-		ok, err := sh.RemoveOverride(ctx, rule, key)
+		ok, err := sh.removeOverride(ctx, rule, key)
 		if err != nil {
 			return was, fmt.Errorf("%w: %w", ErrStore, err)
 		}
@@ -391,7 +394,7 @@ func (l *Limiter) syncOnce(timeout time.Duration) {
 	if sh := cs.shared; sh != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		v, err := sh.AdminVersion(ctx)
+		v, err := sh.adminVersion(ctx)
 		if err != nil {
 			// Retried at the next interval; the store's health events
 			// tell of the outage.
@@ -414,7 +417,7 @@ func (l *Limiter) syncOnce(timeout time.Duration) {
 // loadOverrides replaces the overrides with the fleet's.
 func (l *Limiter) loadOverrides(ctx context.Context) error {
 	cs := &l.clients
-	v, list, err := cs.shared.LoadOverrides(ctx)
+	v, list, err := cs.shared.loadOverrides(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: load the overrides: %w", ErrStore, err)
 	}
@@ -469,7 +472,7 @@ func (l *Limiter) reportClientState() {
 	var bans int
 	if sh := l.clients.shared; sh != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, n, err := sh.Bans(ctx, l.clock(), 0)
+		_, n, err := sh.bans(ctx, l.clock(), 0)
 		cancel()
 		if err != nil {
 			return

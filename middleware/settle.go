@@ -111,8 +111,13 @@ func (c *compiledRule) compileCount() error {
 	return nil
 }
 
-// refundable reports whether the charges of l can be given back.
+// refundable reports whether the charges of l can be given back: a
+// sliding window, fixed window or token bucket, not elastic.
+
 func refundable(l Limit) error {
+	if l.Ceiling > 0 {
+		return fmt.Errorf("count: limit %s: an elastic limit (ceiling) cannot count by outcome", l)
+	}
 	switch l.Algorithm {
 	case SlidingWindow, FixedWindow, TokenBucket:
 		return nil

@@ -62,7 +62,7 @@ func redisStoreFor(t *testing.T) middleware.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 
@@ -120,7 +120,9 @@ func TestCountConcurrencyBound(t *testing.T) {
 			t.Parallel()
 			var prefix string
 			var srv *redistest.Server
-			shared, err := middleware.NewMemoryStore(middleware.MemoryConfig{})
+			var shared middleware.Store
+			mem, err := middleware.NewMemoryStore(middleware.MemoryConfig{})
+			shared = mem
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -144,11 +146,12 @@ func TestCountConcurrencyBound(t *testing.T) {
 			for i := range handlers {
 				s := shared
 				if srv != nil {
-					s, err = middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix, Timeout: 5 * time.Second, StallThreshold: 2 * time.Second})
+					rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix, Timeout: 5 * time.Second, StallThreshold: 2 * time.Second})
 					if err != nil {
 						t.Fatal(err)
 					}
-					t.Cleanup(func() { s.(interface{ Close() error }).Close() })
+					t.Cleanup(func() { _ = rs.Close() })
+					s = rs
 				}
 				handlers[i] = countingLimiter(t, middleware.Count{Status: []middleware.Status{401}}, s).Handler(handler)
 			}

@@ -115,6 +115,9 @@ type Limit struct {
 	// bound beyond the queue's length. It must be a whole number of
 	// milliseconds; other algorithms must leave it zero.
 	MaxDelay time.Duration
+	// Ceiling, when above Requests, makes the limit elastic (see package
+	// middleware); the stores ignore it.
+	Ceiling int
 	// Ban, when > 0, is how long a client this limit refuses is refused
 	// under its rule afterwards. Stores do not read it: the middleware
 	// keeps bans. It must be a whole number of milliseconds, at most
