@@ -1,7 +1,9 @@
 package config
 
 import (
+	"context"
 	"strconv"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -72,4 +74,26 @@ func (d *decoder) statuses(n *yaml.Node, path string) []middleware.Status {
 		out = append(out, s)
 	}
 	return out
+}
+
+// TakeAt and Refund make nopStore a middleware.Refunder, so that rules
+// that count by outcome can be checked too.
+func (nopStore) TakeAt(context.Context, time.Time, []middleware.Charge, []middleware.Decision) (bool, time.Time, error) {
+	return true, time.Now(), nil
+}
+
+func (nopStore) Refund(context.Context, time.Time, []middleware.Charge) error { return nil }
+
+// ban decodes a limit's ban, such as "1h": how long a client the limit
+// refuses is banned.
+func (d *decoder) ban(n *yaml.Node, path string) time.Duration {
+	w, ok := d.duration(n, path)
+	if !ok {
+		return 0
+	}
+	if w <= 0 || w%time.Millisecond != 0 || w > 3660*24*time.Hour {
+		d.errorf(n, path, "%s: want a duration from 1ms to 3660 days, such as 1h", formatDuration(w))
+		return 0
+	}
+	return w
 }

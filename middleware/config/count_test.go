@@ -84,3 +84,28 @@ func FuzzCountStatus(f *testing.F) {
 		_ = lim.Close()
 	})
 }
+
+func TestBanField(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ ban, want string }{
+		{"1h", "1h0m0s"},
+		{"90s", "1m30s"},
+		{"0s", `rules[0].limits[0].ban: duration "0s" must be positive`},
+		{"1000000h", "want a duration from 1ms to 3660 days"},
+		{"-1m", "rules[0].limits[0].ban"},
+		{"soon", "rules[0].limits[0].ban"},
+	}
+	for _, c := range cases {
+		file := "rules: [{name: login, key: ip, limits: [{requests: 5, window: 15m, ban: " + c.ban + "}]}]"
+		cfg, err := config.Parse([]byte(file), "rules.yaml", config.Env{})
+		if err != nil {
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("ban %s: error %q, want %q", c.ban, err, c.want)
+			}
+			continue
+		}
+		if got := cfg.Rules[0].Limits[0].Ban.String(); got != c.want {
+			t.Errorf("ban %s: %s, want %s", c.ban, got, c.want)
+		}
+	}
+}

@@ -32,7 +32,7 @@ var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
 	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "count"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ban"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -523,6 +523,8 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 				if w, ok := d.duration(v, fpath); ok {
 					l.MaxDelay, delayNode = w, v
 				}
+			case "ban":
+				l.Ban = d.ban(v, fpath)
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
 					l.Location, tzNode = loc, v
