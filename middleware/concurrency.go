@@ -102,7 +102,7 @@ func (h *hold) release() {
 		defer cancel()
 		for i := range h.slots {
 			if err := h.slots[i].store.Release(ctx, &h.slots[i].slot); err != nil {
-				h.l.cfg.report(nil, fmt.Errorf("%w: release concurrency slot of rule %q: %w", ErrStore, h.slots[i].slot.Name, err))
+				h.l.cfg.storeFailed(nil, fmt.Errorf("%w: release concurrency slot of rule %q: %w", ErrStore, h.slots[i].slot.Name, err))
 			}
 		}
 	})
@@ -124,7 +124,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 		s := Slot{Key: q.key, Name: q.rule.Name, Limit: q.rule.Concurrency, ID: newSlotID(), Lease: l.cfg.lease}
 		ok, held, aerr := store.Acquire(ctx, now, &s)
 		if aerr != nil && l.cfg.failure == FailLocal && l.cfg.fallbackSlots != nil {
-			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			l.cfg.storeFailed(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
 			ok, held, aerr = l.cfg.fallbackSlots.Acquire(ctx, now, &s)
 			if aerr == nil {
 				store = l.cfg.fallbackSlots
@@ -135,7 +135,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 				h.releaseNow()
 				return nil, nil, false, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr)
 			}
-			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			l.cfg.storeFailed(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
 			continue // fail open: no slot, no limit
 		}
 		if !ok {
@@ -176,6 +176,7 @@ type renewer struct {
 	active map[*hold]struct{}
 	stop   chan struct{}
 	done   chan struct{}
+	closed bool // by Limiter.Close: no renewal starts again
 }
 
 func (l *Limiter) track(h *hold) {
@@ -186,7 +187,7 @@ func (l *Limiter) track(h *hold) {
 		r.active = make(map[*hold]struct{})
 	}
 	r.active[h] = struct{}{}
-	if r.stop == nil && l.cfg.slotsShared {
+	if r.stop == nil && l.cfg.slotsShared && !r.closed {
 		r.stop, r.done = make(chan struct{}), make(chan struct{})
 		go l.renewLoop(r.stop, r.done)
 	}
@@ -234,19 +235,19 @@ func (l *Limiter) renewAll() {
 	for store, slots := range byStore {
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.lease/3)
 		if err := store.Renew(ctx, now, slots); err != nil {
-			l.cfg.report(nil, fmt.Errorf("%w: renew concurrency slots: %w", ErrStore, err))
+			l.cfg.storeFailed(nil, fmt.Errorf("%w: renew concurrency slots: %w", ErrStore, err))
 		}
 		cancel()
 	}
 }
 
-// stopRenewer stops the renewal of leases; slots still held then expire
-// after their lease.
+// stopRenewer stops the renewal of leases for good; slots still held, and
+// slots taken later, then expire after their lease.
 func (l *Limiter) stopRenewer() {
 	r := &l.renew
 	r.mu.Lock()
 	stop, done := r.stop, r.done
-	r.stop = nil
+	r.stop, r.closed = nil, true
 	r.mu.Unlock()
 	if stop != nil {
 		close(stop)
@@ -331,6 +332,6 @@ func (l *Limiter) giveBack(now time.Time, r keyfunc.Request, s *scratch, res *Re
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := ret.GiveBack(ctx, now, back); err != nil {
-		l.cfg.report(r, fmt.Errorf("%w: give back a place in the queue: %w", ErrStore, err))
+		l.cfg.storeFailed(r, fmt.Errorf("%w: give back a place in the queue: %w", ErrStore, err))
 	}
 }
