@@ -403,7 +403,7 @@ func TestOutageSentinel(t *testing.T) {
 	}
 }
 
-// TestRecommendedClientOptions checks what the README says of
+// TestRecommendedClientOptions checks what docs/redis.md says of
 // ContextTimeoutEnabled: with it, go-redis ends a read from a hung server
 // at the decision's deadline and frees the connection; without it, the
 // read goes on until ReadTimeout (3 s by default).

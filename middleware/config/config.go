@@ -223,8 +223,8 @@ func readFile(path string) ([]byte, error) {
 }
 
 // Parse parses a rules file, YAML or JSON, and builds its rules with env.
-// filename names the file in errors. See the package documentation for the
-// schema.
+// filename names the file in errors. The schema is documented in docs/rules.md
+// (https://github.com/sluicehq/sluice/blob/main/docs/rules.md).
 //
 // Parse checks everything middleware.NewRules would, so the rules of a
 // Config it returns are accepted by NewRules and SetRules. When the file has
