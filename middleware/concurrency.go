@@ -69,6 +69,7 @@ type hold struct {
 	l     *Limiter
 	slots []heldSlot
 	once  sync.Once
+	ov    *overloadHold // places under the capacity signals (adaptive.go)
 }
 
 type heldSlot struct {
@@ -97,12 +98,13 @@ func (res *Result) Done() {
 
 func (h *hold) release() {
 	h.once.Do(func() {
+		h.releaseOverload()
 		h.l.untrack(h)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		for i := range h.slots {
 			if err := h.slots[i].store.Release(ctx, &h.slots[i].slot); err != nil {
-				h.l.cfg.storeFailed(nil, fmt.Errorf("%w: release concurrency slot of rule %q: %w", ErrStore, h.slots[i].slot.Name, err))
+				h.l.cfg.report(nil, fmt.Errorf("%w: release concurrency slot of rule %q: %w", ErrStore, h.slots[i].slot.Name, err))
 			}
 		}
 	})
@@ -124,7 +126,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 		s := Slot{Key: q.key, Name: q.rule.Name, Limit: q.rule.Concurrency, ID: newSlotID(), Lease: l.cfg.lease}
 		ok, held, aerr := store.Acquire(ctx, now, &s)
 		if aerr != nil && l.cfg.failure == FailLocal && l.cfg.fallbackSlots != nil {
-			l.cfg.storeFailed(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
 			ok, held, aerr = l.cfg.fallbackSlots.Acquire(ctx, now, &s)
 			if aerr == nil {
 				store = l.cfg.fallbackSlots
@@ -135,7 +137,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 				h.releaseNow()
 				return nil, nil, false, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr)
 			}
-			l.cfg.storeFailed(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
+			l.cfg.report(r, fmt.Errorf("%w: concurrency slot of rule %q: %w", ErrStore, q.rule.Name, aerr))
 			continue // fail open: no slot, no limit
 		}
 		if !ok {
@@ -235,7 +237,7 @@ func (l *Limiter) renewAll() {
 	for store, slots := range byStore {
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.lease/3)
 		if err := store.Renew(ctx, now, slots); err != nil {
-			l.cfg.storeFailed(nil, fmt.Errorf("%w: renew concurrency slots: %w", ErrStore, err))
+			l.cfg.report(nil, fmt.Errorf("%w: renew concurrency slots: %w", ErrStore, err))
 		}
 		cancel()
 	}
@@ -332,6 +334,6 @@ func (l *Limiter) giveBack(now time.Time, r keyfunc.Request, s *scratch, res *Re
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := ret.GiveBack(ctx, now, back); err != nil {
-		l.cfg.storeFailed(r, fmt.Errorf("%w: give back a place in the queue: %w", ErrStore, err))
+		l.cfg.report(r, fmt.Errorf("%w: give back a place in the queue: %w", ErrStore, err))
 	}
 }

@@ -38,11 +38,15 @@ type Limiter struct {
 	waiting atomic.Int64
 	// unmatched is the UnmatchedPolicy in force.
 	unmatched atomic.Uint32
+	// ov holds the capacity signals (adaptive.go, elastic.go).
+	ov        overload
 	closeOnce sync.Once
 }
 
 type ruleSet struct {
 	rules []*compiledRule
+	// overload reports that a rule has AdaptiveConcurrency.
+	overload bool
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -95,6 +99,7 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
 }
@@ -134,6 +139,7 @@ func (l *Limiter) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		l.stopRenewer()
+		l.stopFleet()
 		err = l.cfg.release()
 	})
 	return err
@@ -255,6 +261,16 @@ type Result struct {
 	// Delay is how long an admitted request waited for its turn in a
 	// leaky bucket's queue (LeakyBucket) before Decide returned.
 	Delay time.Duration
+	// Shed reports that an adaptive concurrency limit refused the request
+	// (Rule.AdaptiveConcurrency); Concurrency is set too, and Limit is the
+	// threshold of the request's Priority.
+	Shed bool
+	// Priority is the request's priority, when an adaptive concurrency
+	// limit applied to it.
+	Priority Priority
+	// Elastic reports that the request was admitted past its limit, on
+	// the headroom an elastic limit (Limit.Ceiling) had open.
+	Elastic bool
 
 	policies string
 	status   int    // the status of a concurrency denial, 0 for 429
@@ -324,6 +340,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		if rule.Skip != nil && rule.Skip(r) {
 			continue
 		}
+		if rule.overloadRule && s.noteOverload(rule) {
+			continue
+		}
 		if err := l.addCharges(s, rule, r); err != nil {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
@@ -340,6 +359,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		}
 		return nil
 	}
+	oh, shed := l.admitOverload(r, s, res)
+	if shed {
+		return nil
+	}
+	defer l.settleOverload(oh, s, res)
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
 		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
 			*res = l.unmatchedResult()
@@ -378,7 +402,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	}
 	if len(s.charges) > 0 {
 		s.decisions = grow(s.decisions, len(s.charges))
-		allowed, err := l.take(ctx, now, s.charges, s.decisions)
+		allowed, err := l.takeElastic(ctx, now, s)
 		if err != nil {
 			*res, err = l.storeFailed(ctx, now, r, s, err)
 			if err != nil || !res.Limited {
@@ -407,7 +431,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		s.shadowDec = grow(s.shadowDec, len(s.shadow))
 		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
 		if err != nil {
-			l.cfg.storeFailed(r, err)
+			l.cfg.report(r, err)
 		} else if !allowed {
 			var shadow Result
 			s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
@@ -496,7 +520,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 // the request's charges, so a local fallback can decide them.
 func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, err error) (Result, error) {
 	if !errors.Is(err, ErrBreakerOpen) { // BreakerChanged reports those
-		l.cfg.storeFailed(r, err)
+		l.cfg.report(r, err)
 	}
 	switch l.cfg.failure {
 	case FailClosed:
@@ -509,7 +533,7 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 			res.Err, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
-		l.cfg.storeFailed(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
+		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
 	}
 	return Result{Allowed: true, Err: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
@@ -549,12 +573,17 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	cost = max(cost, 1)
 	limits, nominal, names, policy, prepared := rule.limits, rule.nominal, rule.names, rule.policy, rule.prepared
+	elastic := rule.elastic
 	if rule.LimitsFunc != nil {
 		prepared = nil
 		var err error
-		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
+		if limits, nominal, names, policy, elastic, err = rule.dynamic(r, key); err != nil {
 			return err
 		}
+	}
+	if elastic && !rule.Shadow {
+		nominal, policy = l.elasticLimits(s, len(s.charges), nominal, names)
+		prepared = nil
 	}
 	dst, metas := &s.charges, &s.metas
 	if rule.Shadow {
@@ -572,29 +601,33 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 }
 
 // dynamic computes the limits of a rule with a LimitsFunc.
-func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, err error) {
+func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, elastic bool, err error) {
 	// A copy: the charges' metadata points into it until the result is
 	// made, and a LimitsFunc may reuse the slice it returns.
 	nominal = append([]Limit(nil), c.LimitsFunc(r, key)...)
 	ps := make([]headers.Policy, len(nominal))
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
+		if err := validateCeiling(lim); err != nil {
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		elastic = elastic || lim.Ceiling > 0
 		for _, prev := range nominal[:i] {
 			if windowName(prev) == windowName(lim) {
-				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
 			}
 		}
 		eff, err := withOverage(lim, c.Overage)
 		if err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
 		limits = append(limits, eff)
 		names = append(names, policyName(c.Name, lim, len(nominal)))
 		ps[i] = policyOf(names[i], lim)
 	}
-	return limits, nominal, names, headers.FormatPolicies(ps...), nil
+	return limits, nominal, names, headers.FormatPolicies(ps...), elastic, nil
 }
 
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
@@ -684,6 +717,7 @@ type scratch struct {
 	slots                []slotRequest
 	// blocked and shadowBlocked are the first Deny rules that applied.
 	blocked, shadowBlocked *compiledRule
+	overloadScratch
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -711,6 +745,7 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
+	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)

@@ -30,7 +30,7 @@ import (
 //     back a place in a leaky bucket's queue. r is the request being
 //     decided, or nil for a failure that belongs to no request (renewing
 //     the leases of concurrency slots, giving slots back after a handler
-//     returned). err wraps ErrStore.
+//     returned, publishing spare capacity). err wraps ErrStore.
 //   - DenyCacheHit: the deny cache turned a request away without asking
 //     the store; rule is the rule of the denying limit.
 //   - BreakerChanged: the Limiter's circuit breaker opened (the store is
@@ -41,10 +41,19 @@ import (
 //     only the requests for counters it holds.
 //   - StoreBatch: a store that batches decisions (RedisStore) sent a
 //     batch of that many decisions to a server in one round trip.
+//   - CapacityChanged: a capacity signal moved: the adaptive limit of a
+//     rule with AdaptiveConcurrency, or the spare capacity of the
+//     Limiter's signal for elastic limits (at most about once per 100ms
+//     window of samples each).
+//   - ElasticChanged: the effective limit of an elastic limit
+//     (Limit.Ceiling) of a rule with static limits moved.
+//   - Shed: an adaptive concurrency limit of rule refused a request of
+//     priority p.
 //
-// Methods are called on the goroutine of the request they concern (or of
-// the Limiter's lease renewal, for StoreFailed without a request; or of the
-// store, for StoreHealth and StoreBatch). They must be fast and safe for
+// Methods are called on the goroutine of the request they concern, or of
+// the Limiter's background work (renewing leases, publishing spare
+// capacity) for events of no request, or of the store for StoreHealth and
+// StoreBatch. They must be fast and safe for
 // concurrent use, and must not keep r, res, or strings read from them past
 // the call: Fiber reuses its buffers and Echo its contexts, and res is
 // reused for the next request (copy *res to keep it).
@@ -59,6 +68,9 @@ type Observer interface {
 	BreakerChanged(open bool)
 	StoreHealth(e HealthEvent)
 	StoreBatch(decisions int)
+	CapacityChanged(e CapacityEvent)
+	ElasticChanged(e ElasticEvent)
+	Shed(rule string, p Priority)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -101,6 +113,15 @@ func (NopObserver) StoreHealth(HealthEvent) {}
 // StoreBatch does nothing.
 func (NopObserver) StoreBatch(int) {}
 
+// CapacityChanged does nothing.
+func (NopObserver) CapacityChanged(CapacityEvent) {}
+
+// ElasticChanged does nothing.
+func (NopObserver) ElasticChanged(ElasticEvent) {}
+
+// Shed does nothing.
+func (NopObserver) Shed(string, Priority) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -113,13 +134,16 @@ func (NopObserver) StoreBatch(int) {}
 // The functions are read at each event; do not change them once the Hooks
 // is in use.
 type Hooks struct {
-	OnDecided        func(r keyfunc.Request, res *Result)
-	OnStoreCalled    func(d time.Duration, err error)
-	OnStoreFailed    func(r keyfunc.Request, err error)
-	OnDenyCacheHit   func(rule string)
-	OnBreakerChanged func(open bool)
-	OnStoreHealth    func(e HealthEvent)
-	OnStoreBatch     func(decisions int)
+	OnDecided         func(r keyfunc.Request, res *Result)
+	OnStoreCalled     func(d time.Duration, err error)
+	OnStoreFailed     func(r keyfunc.Request, err error)
+	OnDenyCacheHit    func(rule string)
+	OnBreakerChanged  func(open bool)
+	OnStoreHealth     func(e HealthEvent)
+	OnStoreBatch      func(decisions int)
+	OnCapacityChanged func(e CapacityEvent)
+	OnElasticChanged  func(e ElasticEvent)
+	OnShed            func(rule string, p Priority)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -170,6 +194,27 @@ func (h *Hooks) StoreHealth(e HealthEvent) {
 func (h *Hooks) StoreBatch(decisions int) {
 	if h != nil && h.OnStoreBatch != nil {
 		h.OnStoreBatch(decisions)
+	}
+}
+
+// CapacityChanged calls OnCapacityChanged, if set.
+func (h *Hooks) CapacityChanged(e CapacityEvent) {
+	if h != nil && h.OnCapacityChanged != nil {
+		h.OnCapacityChanged(e)
+	}
+}
+
+// ElasticChanged calls OnElasticChanged, if set.
+func (h *Hooks) ElasticChanged(e ElasticEvent) {
+	if h != nil && h.OnElasticChanged != nil {
+		h.OnElasticChanged(e)
+	}
+}
+
+// Shed calls OnShed, if set.
+func (h *Hooks) Shed(rule string, p Priority) {
+	if h != nil && h.OnShed != nil {
+		h.OnShed(rule, p)
 	}
 }
 
@@ -249,6 +294,24 @@ func (m multiObserver) StoreBatch(n int) {
 	}
 }
 
+func (m multiObserver) CapacityChanged(e CapacityEvent) {
+	for _, o := range m {
+		o.CapacityChanged(e)
+	}
+}
+
+func (m multiObserver) ElasticChanged(e ElasticEvent) {
+	for _, o := range m {
+		o.ElasticChanged(e)
+	}
+}
+
+func (m multiObserver) Shed(rule string, p Priority) {
+	for _, o := range m {
+		o.Shed(rule, p)
+	}
+}
+
 // observedResults holds the copies of Results shown to observers, so that
 // the Result of a request (on its goroutine's stack) never escapes to the
 // heap: a decision observed allocates nothing.
@@ -264,8 +327,8 @@ func (c *config) decided(r keyfunc.Request, res *Result) {
 	observedResults.Put(p)
 }
 
-// storeFailed tells the observers about a store failure.
-func (c *config) storeFailed(r keyfunc.Request, err error) {
+// report tells the observers about a store failure.
+func (c *config) report(r keyfunc.Request, err error) {
 	if c.obs != nil {
 		c.obs.StoreFailed(r, err)
 	}

@@ -94,6 +94,9 @@ type config struct {
 	obs       Observer   // all of them in one; nil if none
 	// unobserve removes obs from the stores that report to it.
 	unobserve []func()
+
+	capacity CapacityConfig // the capacity signal of elastic limits
+	overload overloadConfig // shedding by priority
 }
 
 func defaultConfig() config {
@@ -124,6 +127,9 @@ func (c *config) finish() error {
 		c.errorf("WithNoKeyPolicy: unknown policy %d", c.noKey)
 	}
 	if err := errors.Join(c.errs...); err != nil {
+		return err
+	}
+	if err := c.capacity.fill(); err != nil {
 		return err
 	}
 	if c.store == nil {

@@ -151,6 +151,15 @@ func (r *RedisStore) Renew(ctx context.Context, now time.Time, s []*Slot) error 
 	return r.s.Renew(ctx, now, s)
 }
 
+// PublishSpare records that the app server named server has spare
+// capacity spare (in [0, 1]) for ttl, and returns the fleet's: the least
+// over the app servers whose entries have not expired, and how many they
+// are. Elastic limits share the fleet's spare capacity through it (see
+// CapacityConfig).
+func (r *RedisStore) PublishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {
+	return r.s.PublishSpare(ctx, now, server, spare, ttl)
+}
+
 // StoreTraits reports that the store is shared and, for a *redis.Client,
 // *redis.ClusterClient or *redis.Ring (whose servers it follows), that it
 // fails fast. It implements TraitsReporter.

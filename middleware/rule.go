@@ -131,6 +131,18 @@ type Rule struct {
 	// ConcurrencyStatus is the status of a request denied by Concurrency:
 	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
 	ConcurrencyStatus int
+
+	// AdaptiveConcurrency, when set, bounds the requests of this rule in
+	// flight in this app server by a limit that follows their latency
+	// (see AdaptiveConcurrency), shedding them by Priority. A rule may
+	// have only that; it then needs no Key.
+	AdaptiveConcurrency *AdaptiveConcurrency
+
+	// Priority is the priority of the requests this rule applies to, for
+	// shedding under adaptive concurrency limits: a request takes the
+	// highest of the rules that apply to it, unless WithPriority decides.
+	// A rule may have only a Priority; it then needs no Key.
+	Priority Priority
 }
 
 var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -151,6 +163,12 @@ type compiledRule struct {
 	extra   bool        // the rule has Headers, Query or Match
 	// prepared holds the fixed header text of each limit of a static rule.
 	prepared []*headers.Prepared
+	// ctrl is the controller of AdaptiveConcurrency, bound by SetRules.
+	ctrl *controller
+	// elastic reports that a limit has a ceiling; overloadRule that the
+	// rule has AdaptiveConcurrency or a Priority, and overloadOnly that it
+	// has nothing else.
+	elastic, overloadRule, overloadOnly bool
 }
 
 // condition is one header or query parameter a rule requires.
@@ -168,14 +186,16 @@ func compileRule(r Rule) (*compiledRule, error) {
 	errorf := func(format string, args ...any) error {
 		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
 	}
-	if r.Key == nil {
+	counts := len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0
+	overload := r.AdaptiveConcurrency != nil || r.Priority != PriorityUnset
+	if r.Key == nil && (counts || r.Deny || !overload) {
 		return nil, errorf("key function is nil")
 	}
 	if r.Deny {
-		if len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0 {
-			return nil, errorf("a Deny rule has no limits, LimitsFunc or concurrency")
+		if counts || overload {
+			return nil, errorf("a Deny rule has no limits, LimitsFunc, concurrency or priority")
 		}
-	} else if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Concurrency == 0 {
+	} else if !counts && !overload {
 		return nil, errorf("no limits")
 	}
 	if r.Concurrency < 0 {
@@ -196,8 +216,11 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if err != nil {
 		return nil, errorf("path %v", err)
 	}
-	c := &compiledRule{Rule: r, match: m}
+	c := &compiledRule{Rule: r, match: m, overloadRule: overload}
 	if err := c.compileConditions(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileOverload(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)

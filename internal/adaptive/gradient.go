@@ -39,6 +39,11 @@ type Config struct {
 	ProbeEvery time.Duration
 	// ProbeSamples is how many samples a probe takes; 0 means 25.
 	ProbeSamples int
+	// CPULimit is the CPU use (see ObserveCPU) at and above which the
+	// limit does not grow and nothing is spare; 0 means 0.9. Below it,
+	// the spare capacity is at most the share of it still unused,
+	// (CPULimit - cpu) / CPULimit.
+	CPULimit float64
 }
 
 func (c *Config) defaults() {
@@ -62,6 +67,9 @@ func (c *Config) defaults() {
 	}
 	if c.ProbeSamples == 0 {
 		c.ProbeSamples = 25
+	}
+	if c.CPULimit == 0 {
+		c.CPULimit = 0.9
 	}
 }
 
@@ -109,6 +117,7 @@ type Gradient struct {
 	probeRTTs []time.Duration
 
 	spare float64
+	cpu   float64 // the last CPU reading, -1 for none
 }
 
 // New returns a Gradient that starts at now. It panics if Min < 1 or
@@ -118,7 +127,7 @@ func New(cfg Config, now time.Time) *Gradient {
 	if cfg.Min < 1 || cfg.Max < cfg.Min {
 		panic("adaptive: need 1 <= Min <= Max")
 	}
-	g := &Gradient{cfg: cfg, winStart: now, last: now, spare: 1}
+	g := &Gradient{cfg: cfg, winStart: now, last: now, spare: 1, cpu: -1}
 	g.limit = float64(min(max(cfg.Initial, cfg.Min), cfg.Max))
 	g.saved = g.limit
 	g.probing = true // the first samples measure the minimum
@@ -145,8 +154,18 @@ func (g *Gradient) Latency() time.Duration { return g.latency }
 
 // Spare returns the share of the limit left unused over the last window,
 // in [0, 1]: 1 - (mean in flight / limit), and 0 when the window's latency
-// was above the minimum plus Buffer (requests queue: nothing is spare).
-func (g *Gradient) Spare() float64 { return g.spare }
+// was above the minimum plus Buffer (requests queue: nothing is spare);
+// with a CPU reading, at most (CPULimit - cpu) / CPULimit. It is never
+// more than the share of the limit unused at the moment, so that a burst
+// of requests that have not ended yet counts at once.
+func (g *Gradient) Spare() float64 {
+	now := 1 - float64(g.inflight)/float64(g.Limit())
+	return min(g.spare, max(now, 0))
+}
+
+// ObserveCPU records the CPU use, in [0, 1] of the machine's capacity,
+// for the windows that close from now on.
+func (g *Gradient) ObserveCPU(cpu float64) { g.cpu = cpu }
 
 // Start records that a request began at now.
 func (g *Gradient) Start(now time.Time) {
@@ -246,8 +265,10 @@ func (g *Gradient) closeWindow(span time.Duration) {
 		target := float64(g.minRTT) * (1 + g.cfg.Buffer)
 		grad := min(max(target/float64(rtt), 0.5), 2)
 		next := limit*grad + math.Sqrt(limit)
-		if next > limit && float64(g.peak) < limit/2 {
-			next = limit // app-limited: no evidence that more would do
+		if next > limit && (float64(g.peak) < limit/2 || g.cpu >= g.cfg.CPULimit) {
+			// App-limited, no evidence that more would do; or the CPU
+			// is the bottleneck.
+			next = limit
 		}
 		g.limit = min(max(next, float64(g.cfg.Min)), float64(g.cfg.Max))
 		if float64(rtt) > target {
@@ -256,4 +277,7 @@ func (g *Gradient) closeWindow(span time.Duration) {
 		}
 	}
 	g.spare = min(max(1-mean/g.limit, 0), 1)
+	if g.cpu >= 0 {
+		g.spare = min(g.spare, max(g.cfg.CPULimit-g.cpu, 0)/g.cfg.CPULimit)
+	}
 }

@@ -196,3 +196,46 @@ func TestGradientClockBackwards(t *testing.T) {
 		t.Fatalf("in flight %d, want 0", g.InFlight())
 	}
 }
+
+func TestGradientCPUGate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cpu       float64
+		wantSpare float64
+		grows     bool
+	}{
+		{-1, 0.75, true}, // no reading
+		{0, 0.75, true},
+		{0.45, 0.5, true},
+		{0.9, 0, false},
+		{1, 0, false},
+	} {
+		g := New(Config{Min: 20, Max: 100, ProbeSamples: 1, MinSamples: 1, ProbeEvery: time.Hour}, t0)
+		g.Start(t0)
+		g.End(t0, 10*time.Millisecond, true) // the minimum: 10ms
+		g.ObserveCPU(tc.cpu)
+		for range 5 {
+			g.Start(t0)
+		}
+		for range 5 { // a quarter of the limit used, at the minimum latency
+			g.End(t0.Add(100*time.Millisecond), 10*time.Millisecond, true)
+			g.Start(t0.Add(100 * time.Millisecond))
+		}
+		g.Advance(t0.Add(100 * time.Millisecond))
+		if got := g.Spare(); got < tc.wantSpare-0.01 || got > tc.wantSpare+0.01 {
+			t.Errorf("cpu %.2f: spare %.3f, want %.2f", tc.cpu, got, tc.wantSpare)
+		}
+		h := New(Config{Min: 20, Max: 100, ProbeSamples: 1, MinSamples: 1, ProbeEvery: time.Hour}, t0)
+		h.Start(t0)
+		h.End(t0, 10*time.Millisecond, true)
+		h.ObserveCPU(tc.cpu)
+		for range 15 {
+			h.Start(t0)
+		}
+		h.End(t0.Add(100*time.Millisecond), 10*time.Millisecond, true)
+		h.Advance(t0.Add(200 * time.Millisecond))
+		if grew := h.Limit() > 20; grew != tc.grows {
+			t.Errorf("cpu %.2f: limit %d, grew %v, want %v", tc.cpu, h.Limit(), grew, tc.grows)
+		}
+	}
+}

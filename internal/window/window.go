@@ -115,6 +115,9 @@ type Limit struct {
 	// bound beyond the queue's length. It must be a whole number of
 	// milliseconds; other algorithms must leave it zero.
 	MaxDelay time.Duration
+	// Ceiling, when above Requests, makes the limit elastic (see package
+	// middleware); the stores ignore it.
+	Ceiling int
 }
 
 // String returns the limit as "100/1m0s", followed by its algorithm when

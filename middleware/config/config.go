@@ -128,6 +128,14 @@ type Env struct {
 	// built-ins nor DescriptorHeaders cover. They are called on every
 	// request and must be fast. They win over DescriptorHeaders.
 	Descriptors map[string]func(keyfunc.Request) (string, bool)
+
+	// RateLimitService makes the rules of an Envoy/Lyft-style descriptor
+	// file those of a rate limit service, as the Envoy ratelimit service
+	// reads the file: any descriptor key is accepted, and the rules match
+	// the descriptors of a DescriptorRequest, entry by entry, instead of
+	// attributes of HTTP requests, which they never match. The other
+	// descriptor fields of Env are then unused. adapters/envoyrls sets it.
+	RateLimitService bool
 }
 
 var keyNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)

@@ -50,6 +50,7 @@ func isDescriptorFile(n *yaml.Node) bool {
 // descStep is one level of a descriptor: which requests it selects.
 type descStep struct {
 	attr   *attribute
+	key    string // the descriptor key
 	name   string // the rule-name part: key or key_value
 	kind   int    // stepAny, stepExact or stepPrefix
 	value  string // the exact value or the wildcard's prefix
@@ -68,7 +69,12 @@ const (
 // the Envoy ratelimit service tries them.
 func (s *descStep) matches(r keyfunc.Request) bool {
 	v, ok := s.attr.value(r)
-	if !ok || v == "" {
+	return ok && s.matchesValue(v)
+}
+
+// matchesValue reports whether this level selects the value v.
+func (s *descStep) matchesValue(v string) bool {
+	if v == "" {
 		return false
 	}
 	switch s.kind {
@@ -205,7 +211,7 @@ func (d *decoder) descriptors(list *yaml.Node, lpath string, parent []*descStep,
 		}
 	}
 	for _, dn := range nodes {
-		st := &descStep{attr: dn.attr, name: dn.key, exact: exact[dn.key]}
+		st := &descStep{attr: dn.attr, key: dn.key, name: dn.key, exact: exact[dn.key]}
 		switch {
 		case !dn.hasValue:
 			st.prefix = prefixes[dn.key]
@@ -402,7 +408,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	}
 	var keys []keyfunc.Func
 	for _, s := range steps {
-		if s.kind != stepExact {
+		if s.kind != stepExact && s.attr.key != nil { // none for a rate limit service
 			keys = append(keys, s.attr.key)
 		}
 	}
@@ -415,6 +421,15 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 		key = keyfunc.Join(keys...)
 	}
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
+	if d.env.RateLimitService {
+		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: window.FixedWindow},
+			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
+		if unlimited {
+			m.Limit = middleware.Limit{}
+		}
+		serviceRule(&r, steps, m)
+		match = r.Match
+	}
 	switch {
 	case unlimited:
 		r.LimitsFunc = func(keyfunc.Request, string) []middleware.Limit { return nil }
@@ -453,6 +468,10 @@ func (d *decoder) applyReplaces(b *descBuild) {
 	}
 	for j, replacers := range by {
 		own := b.matches[j]
+		if d.env.RateLimitService {
+			b.rules[j].Match = replacedInService(own, replacers)
+			continue
+		}
 		b.rules[j].Match = func(r keyfunc.Request) bool {
 			if !own(r) {
 				return false

@@ -39,6 +39,10 @@
 //	sluice.rules.reloads           Int64Counter                  {reload}   result         sluice_rules_reloads_total
 //	sluice.rules.source.failures   Int64Gauge                    {read}                    sluice_rules_source_failures
 //	sluice.rules.source.last_load  Float64Gauge                  s                         sluice_rules_source_last_load_seconds
+//	sluice.adaptive.limit          Int64Gauge                    {request}  rule           sluice_adaptive_limit
+//	sluice.spare_capacity          Float64Gauge                  1          rule           sluice_spare_capacity
+//	sluice.elastic.limit           Int64Gauge                    {request}  rule, policy   sluice_elastic_limit
+//	sluice.shed                    Int64Counter                  {request}  rule, priority sluice_shed_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -113,6 +117,10 @@ var MetricNames = []string{
 	RulesReloads,
 	RulesSourceFailures,
 	RulesSourceLastLoad,
+	AdaptiveLimit,
+	SpareCapacity,
+	ElasticLimit,
+	Shed,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -220,6 +228,8 @@ type Metrics struct {
 	servers      map[string]bool // by attribute value; true when up
 	watchMu      sync.Mutex
 	watched      map[*watch]struct{}
+
+	capacity capacityInstruments // capacity.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -311,6 +321,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.slots, err = meter.Int64ObservableUpDownCounter(ConcurrencySlotsHeld, metric.WithUnit("{slot}"),
 		metric.WithDescription("Requests holding concurrency slots."))
 	check(err)
+	check(m.initCapacity(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

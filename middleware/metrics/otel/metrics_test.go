@@ -349,6 +349,9 @@ func TestMetricNames(t *testing.T) {
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	m.StoreBatch(3)
 	m.ObserveSourceStatus(config.Status{Failures: 1, LoadedAt: time.Now()})
+	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
+	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
+	m.Shed("api", middleware.PrioritySheddable)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -29,6 +29,10 @@
 //	sluice_rules_reloads_total{result}     counter    rules reloads, "ok" or "error"
 //	sluice_rules_source_failures           gauge      reads of the rules source failed in a row
 //	sluice_rules_source_last_load_seconds  gauge      Unix time of the last good load from the source
+//	sluice_adaptive_limit{rule}            gauge      adaptive concurrency limit in force
+//	sluice_spare_capacity{rule}            gauge      spare capacity, 0 to 1 (rule="" for elastic limits' signal)
+//	sluice_elastic_limit{rule,policy}      gauge      limit in force of an elastic limit
+//	sluice_shed_total{rule,priority}       counter    requests refused by an adaptive concurrency limit
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -90,6 +94,10 @@ var MetricNames = []string{
 	RulesReloadsTotal,
 	RulesSourceFailures,
 	RulesSourceLastLoad,
+	AdaptiveLimit,
+	SpareCapacity,
+	ElasticLimit,
+	ShedTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -181,6 +189,8 @@ type Metrics struct {
 	reloadsDesc                                            *prometheus.Desc
 
 	sourceFailures, sourceLoaded prometheus.Gauge
+
+	capacity capacityMetrics // capacity.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -268,6 +278,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			"Reloads of the rules tried, by result: ok when the new rules are in force, error when the previous ones stay.",
 			[]string{"result"}, cl),
 	}
+	m.capacity = newCapacityMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -400,6 +411,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.sourceFailures.Describe(ch)
 	m.sourceLoaded.Describe(ch)
 	m.batchSize.Describe(ch)
+	m.capacity.describe(ch)
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -420,6 +432,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.sourceFailures.Collect(ch)
 	m.sourceLoaded.Collect(ch)
 	m.batchSize.Collect(ch)
+	m.capacity.collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()

@@ -539,6 +539,9 @@ func TestMetricNames(t *testing.T) {
 	serve(lim.Handler(ok), "/api/a", "alice")
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
+	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
+	m.Shed("api", middleware.PrioritySheddable)
 
 	mfs, err := reg.Gather()
 	if err != nil {
