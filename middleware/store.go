@@ -101,6 +101,8 @@ type Decision = window.Decision
 //   - ObservableStore: the store's own events (its servers' health, its
 //     batches), which reach the Limiter's Observers.
 //   - MemoryReporter: the counters of Limiter.Stats.
+//   - PublishSpare, as RedisStore has it: elastic limits share the fleet's
+//     spare capacity through it (see CapacityConfig).
 //
 // Whoever makes a store closes it: a store given to WithStore or
 // WithFallbackStore is the caller's to close, after the Limiters that use
