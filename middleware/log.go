@@ -59,7 +59,7 @@ func (o *LogObserver) Decided(r keyfunc.Request, res *Result) {
 	case OutcomeFailedOpen:
 		if n, ok := o.errs.allow("failed_open"); ok {
 			o.log.LogAttrs(context.Background(), slog.LevelWarn, "sluice: store failed, request let through unlimited",
-				slog.String("rule", res.Rule), slog.Any("error", res.Err), slog.Int("not_logged", n))
+				slog.String("rule", res.Rule), slog.Any("error", res.StoreErr), slog.Int("not_logged", n))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/internal/slots"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // MemoryConfig configures NewMemoryStore. The zero value is ready to use.
@@ -72,36 +73,36 @@ func NewMemoryStore(cfg MemoryConfig) (*MemoryStore, error) {
 // Take decides charges at now (the zero time means the store's clock). It
 // implements Store.
 func (m *MemoryStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
-	return m.s.Take(ctx, now, charges, out)
+	return m.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
 // GiveBack gives back the places of charges admitted with a Delay. It
 // implements Returner.
 func (m *MemoryStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {
-	return m.s.GiveBack(ctx, now, charges)
+	return m.s.GiveBack(ctx, now, internalCharges(charges))
 }
 
 // Reset drops the counters the charges name. It implements Resetter.
 func (m *MemoryStore) Reset(ctx context.Context, charges []Charge) error {
-	return m.s.Reset(ctx, charges)
+	return m.s.Reset(ctx, internalCharges(charges))
 }
 
 // Acquire takes a concurrency slot. It implements SlotStore. The slots of a
 // MemoryStore are this process's alone: they have no lease, and every
 // Limiter that uses the store shares them.
 func (m *MemoryStore) Acquire(ctx context.Context, now time.Time, s *Slot) (ok bool, held int, err error) {
-	return m.slots.Acquire(ctx, now, s)
+	return m.slots.Acquire(ctx, now, (*window.Slot)(s))
 }
 
 // Release gives back a concurrency slot. It implements SlotStore.
 func (m *MemoryStore) Release(ctx context.Context, s *Slot) error {
-	return m.slots.Release(ctx, s)
+	return m.slots.Release(ctx, (*window.Slot)(s))
 }
 
 // Renew does nothing: the slots of a MemoryStore have no lease. It
 // implements SlotStore.
 func (m *MemoryStore) Renew(ctx context.Context, now time.Time, s []*Slot) error {
-	return m.slots.Renew(ctx, now, s)
+	return m.slots.Renew(ctx, now, internalSlots(s))
 }
 
 // StoreTraits reports that the store is local and fails fast. It

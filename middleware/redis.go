@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redisstore"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // RedisConfig configures NewRedisStore. The zero value is ready to use.
@@ -121,42 +122,39 @@ var (
 // Take decides charges at now (the zero time means Redis TIME). It
 // implements Store.
 func (r *RedisStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
-	return r.s.Take(ctx, now, charges, out)
+	return r.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
 // GiveBack gives back the places of charges admitted with a Delay. It
 // implements Returner.
 func (r *RedisStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {
-	return r.s.GiveBack(ctx, now, charges)
+	return r.s.GiveBack(ctx, now, internalCharges(charges))
 }
 
 // Reset drops the counters the charges name. It implements Resetter.
 func (r *RedisStore) Reset(ctx context.Context, charges []Charge) error {
-	return r.s.Reset(ctx, charges)
+	return r.s.Reset(ctx, internalCharges(charges))
 }
 
 // Acquire takes a concurrency slot, held for s.Lease unless renewed. It
 // implements SlotStore.
 func (r *RedisStore) Acquire(ctx context.Context, now time.Time, s *Slot) (ok bool, held int, err error) {
-	return r.s.Acquire(ctx, now, s)
+	return r.s.Acquire(ctx, now, (*window.Slot)(s))
 }
 
 // Release gives back a concurrency slot. It implements SlotStore.
 func (r *RedisStore) Release(ctx context.Context, s *Slot) error {
-	return r.s.Release(ctx, s)
+	return r.s.Release(ctx, (*window.Slot)(s))
 }
 
 // Renew extends the leases of slots still held. It implements SlotStore.
 func (r *RedisStore) Renew(ctx context.Context, now time.Time, s []*Slot) error {
-	return r.s.Renew(ctx, now, s)
+	return r.s.Renew(ctx, now, internalSlots(s))
 }
 
-// PublishSpare records that the app server named server has spare
-// capacity spare (in [0, 1]) for ttl, and returns the fleet's: the least
-// over the app servers whose entries have not expired, and how many they
-// are. Elastic limits share the fleet's spare capacity through it (see
-// CapacityConfig).
-func (r *RedisStore) PublishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {
+// publishSpare publishes this app server's spare capacity and reads the
+// fleet's; see fleetPublisher.
+func (r *RedisStore) publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {
 	return r.s.PublishSpare(ctx, now, server, spare, ttl)
 }
 

@@ -1,209 +1,144 @@
-package middleware_test
+package middleware
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
+	"reflect"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/keyfunc"
-	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
-// denyingStore denies every request, for a minute.
-type denyingStore struct{}
-
-func (denyingStore) Take(_ context.Context, _ time.Time, charges []middleware.Charge, out []middleware.Decision) (bool, error) {
-	for i := range out {
-		out[i] = middleware.Decision{RetryAfter: time.Minute, ResetAfter: time.Minute, NextAfter: time.Minute}
-	}
-	return false, nil
-}
-
-// traitsStore is store with the given traits.
-type traitsStore struct {
-	middleware.Store
-	traits middleware.StoreTraits
-}
-
-func (s traitsStore) StoreTraits() middleware.StoreTraits { return s.traits }
-
-// events counts what an Observer is told.
-type events struct {
-	middleware.NopObserver
-	calls, hits atomic.Int64
-	mu          sync.Mutex
-	breaker     []bool
-}
-
-func (e *events) StoreCalled(time.Duration, error) { e.calls.Add(1) }
-func (e *events) DenyCacheHit(string)              { e.hits.Add(1) }
-func (e *events) BreakerChanged(open bool) {
-	e.mu.Lock()
-	e.breaker = append(e.breaker, open)
-	e.mu.Unlock()
-}
-
-// TestStoreTraits: what a store says of itself (StoreTraits), not its
-// type, decides whether the Limiter puts a circuit breaker and a deny
-// cache in front of it.
-func TestStoreTraits(t *testing.T) {
+// TestSeamLayout checks that the public types and internal/window's have
+// the same layout, field by field, so that the conversions of seam.go
+// read each as the other.
+func TestSeamLayout(t *testing.T) {
 	t.Parallel()
-	local, fast := middleware.StoreTraits{Local: true}, middleware.StoreTraits{FailsFast: true}
-	tests := []struct {
-		name        string
-		store       middleware.Store
-		opts        []middleware.Option
-		wantCalls   int64
-		wantHits    int64
-		wantBreaker int // times it opened
+	pairs := []struct{ pub, in reflect.Type }{
+		{reflect.TypeFor[Limit](), reflect.TypeFor[window.Limit]()},
+		{reflect.TypeFor[Charge](), reflect.TypeFor[window.Charge]()},
+		{reflect.TypeFor[Decision](), reflect.TypeFor[window.Decision]()},
+		{reflect.TypeFor[Slot](), reflect.TypeFor[window.Slot]()},
+		{reflect.TypeFor[Algorithm](), reflect.TypeFor[window.Algorithm]()},
+		{reflect.TypeFor[Period](), reflect.TypeFor[window.Period]()},
+	}
+	for _, p := range pairs {
+		sameLayout(t, p.pub.Name(), p.pub, p.in)
+	}
+}
+
+func sameLayout(t *testing.T, path string, a, b reflect.Type) {
+	t.Helper()
+	if a.Kind() != b.Kind() || a.Size() != b.Size() || a.Align() != b.Align() {
+		t.Errorf("%s: %s (%s, %d bytes) against %s (%s, %d bytes)", path, a, a.Kind(), a.Size(), b, b.Kind(), b.Size())
+		return
+	}
+	switch a.Kind() {
+	case reflect.Struct:
+		if a.NumField() != b.NumField() {
+			t.Errorf("%s: %d fields against %d", path, a.NumField(), b.NumField())
+			return
+		}
+		for i := range a.NumField() {
+			fa, fb := a.Field(i), b.Field(i)
+			if fa.Name != fb.Name || fa.Offset != fb.Offset {
+				t.Errorf("%s: field %d is %s at %d against %s at %d", path, i, fa.Name, fa.Offset, fb.Name, fb.Offset)
+				continue
+			}
+			sameLayout(t, path+"."+fa.Name, fa.Type, fb.Type)
+		}
+	case reflect.Pointer, reflect.Slice:
+		if a.Elem() != b.Elem() {
+			sameLayout(t, path+"[]", a.Elem(), b.Elem())
+		}
+	default:
+		if a.PkgPath() != b.PkgPath() && a.Kind() != reflect.Uint8 {
+			// Only Algorithm and Period differ in their named type.
+			t.Errorf("%s: %s against %s", path, a, b)
+		}
+	}
+}
+
+// TestSeamValues checks that the algorithms and periods have the same
+// values and names on both sides.
+func TestSeamValues(t *testing.T) {
+	t.Parallel()
+	algs := []struct {
+		pub Algorithm
+		in  window.Algorithm
 	}{
-		{"failing, no traits: breaker", &failingStore{}, nil, middleware.DefaultBreakerFailures, 0, 1},
-		{"failing, traits zero: breaker", traitsStore{&failingStore{}, middleware.StoreTraits{}}, nil, middleware.DefaultBreakerFailures, 0, 1},
-		{"failing, fails fast: no breaker", traitsStore{&failingStore{}, fast}, nil, 10, 0, 0},
-		{"failing, fails fast, WithBreaker", traitsStore{&failingStore{}, fast}, []middleware.Option{middleware.WithBreaker(2, time.Hour)}, 2, 0, 1},
-		{"denying, no traits: deny cache", denyingStore{}, nil, 1, 9, 0},
-		{"denying, local: no deny cache", traitsStore{denyingStore{}, local}, nil, 10, 0, 0},
-		{"denying, local, WithDenyCache", traitsStore{denyingStore{}, local}, []middleware.Option{middleware.WithDenyCache(100)}, 1, 9, 0},
+		{SlidingWindow, window.SlidingWindow},
+		{FixedWindow, window.FixedWindow},
+		{SlidingLog, window.SlidingLog},
+		{TokenBucket, window.TokenBucket},
+		{LeakyBucket, window.LeakyBucket},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			var ev events
-			lim := newLimiter(t, middleware.PerMinute(5), keyfunc.RemoteIP(), append(tt.opts,
-				middleware.WithStore(tt.store), middleware.WithClock(newClock(t0).Now), middleware.WithObserver(&ev))...)
-			for range 10 {
-				if _, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1"))); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ev.mu.Lock()
-			opened := len(ev.breaker)
-			ev.mu.Unlock()
-			if ev.calls.Load() != tt.wantCalls || ev.hits.Load() != tt.wantHits || opened != tt.wantBreaker {
-				t.Errorf("store called %d times, deny cache hits %d, breaker opened %d times; want %d, %d, %d",
-					ev.calls.Load(), ev.hits.Load(), opened, tt.wantCalls, tt.wantHits, tt.wantBreaker)
-			}
-		})
+	for _, a := range algs {
+		if uint8(a.pub) != uint8(a.in) {
+			t.Errorf("%s is %d, internally %d", a.pub, a.pub, a.in)
+		}
+		if got, err := window.ParseAlgorithm(a.pub.String()); err != nil || got != a.in {
+			t.Errorf("%s parses as %v, %v", a.pub, got, err)
+		}
+	}
+	if _, err := window.ParseAlgorithm(Algorithm(len(algs)).String()); err == nil {
+		t.Errorf("an algorithm after LeakyBucket exists internally but not here")
+	}
+	periods := []struct {
+		pub Period
+		in  window.Period
+	}{
+		{NoPeriod, window.NoPeriod},
+		{CalendarDay, window.CalendarDay},
+		{CalendarWeek, window.CalendarWeek},
+		{CalendarMonth, window.CalendarMonth},
+	}
+	for _, p := range periods {
+		if uint8(p.pub) != uint8(p.in) || p.pub.String() != p.in.String() {
+			t.Errorf("period %q is %d, internally %q %d", p.pub, p.pub, p.in, p.in)
+		}
+	}
+	if _, ok := window.ParsePeriod(Period(len(periods)).String()); ok {
+		t.Errorf("a period after CalendarMonth exists internally but not here")
 	}
 }
 
-// tracedStore wraps a RedisStore, as users wrap stores to trace them.
-type tracedStore struct {
-	*middleware.RedisStore
-	takes atomic.Int64
-}
-
-func (s *tracedStore) Take(ctx context.Context, now time.Time, charges []middleware.Charge, out []middleware.Decision) (bool, error) {
-	s.takes.Add(1)
-	return s.RedisStore.Take(ctx, now, charges, out)
-}
-
-// TestStoreEventsReachObservers: a Redis store's events (here, its batch
-// sizes) reach the Observers of the Limiters built on it, through the
-// ObservableStore interface (so through a store that wraps it, too) and
-// only until Limiter.Close; and an Observer added to the store directly
-// hears them until it is removed.
-func TestStoreEventsReachObservers(t *testing.T) {
+// TestSeamConversions checks that the converted slices share their
+// memory with the public ones, both ways.
+func TestSeamConversions(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Standalone(t)
-	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	loc := time.FixedZone("X", 3600)
+	cs := []Charge{
+		{Key: "ip:192.0.2.1", Name: "api", Limit: PerSecond(4).TokenBucket(8), Cost: 2},
+		{Key: "user:7", Name: "day", Limit: Calendar(1000, CalendarWeek, loc), Cost: 1},
+		{Key: "k", Name: "q", Limit: PerSecond(2).LeakyBucket(10, 3*time.Second)},
+		{Key: "k", Name: "log", Limit: Limit{Requests: 5000, Window: time.Minute, Algorithm: SlidingLog, MaxLog: 6000}},
 	}
-	t.Cleanup(func() { rs.Close() })
-	store := &tracedStore{RedisStore: rs}
-	var s middleware.Store = store
-	for name, ok := range map[string]bool{
-		"SlotStore":       is[middleware.SlotStore](s),
-		"Returner":        is[middleware.Returner](s),
-		"Resetter":        is[middleware.Resetter](s),
-		"TraitsReporter":  is[middleware.TraitsReporter](s),
-		"ObservableStore": is[middleware.ObservableStore](s),
-	} {
-		if !ok {
-			t.Errorf("a store that embeds *RedisStore is not a %s", name)
+	in := internalCharges(cs)
+	want := []window.Charge{
+		{Key: "ip:192.0.2.1", Name: "api", Limit: window.Limit{Requests: 4, Window: time.Second, Algorithm: window.TokenBucket, Burst: 8}, Cost: 2},
+		{Key: "user:7", Name: "day", Limit: window.Limit{Requests: 1000, Algorithm: window.FixedWindow, Period: window.CalendarWeek, Location: loc}, Cost: 1},
+		{Key: "k", Name: "q", Limit: window.Limit{Requests: 2, Window: time.Second, Algorithm: window.LeakyBucket, Burst: 10, MaxDelay: 3 * time.Second}},
+		{Key: "k", Name: "log", Limit: window.Limit{Requests: 5000, Window: time.Minute, Algorithm: window.SlidingLog, MaxLog: 6000}},
+	}
+	if !reflect.DeepEqual(in, want) {
+		t.Errorf("internalCharges:\n got %+v\nwant %+v", in, want)
+	}
+	for i := range cs {
+		if got, want := cs[i].Limit.String(), want[i].Limit.String(); got != want {
+			t.Errorf("String: %q, internally %q", got, want)
 		}
 	}
-
-	var viaLimiter, direct atomic.Int64
-	lim, err := middleware.New(middleware.PerMinute(100), keyfunc.RemoteIP(), middleware.WithStore(s),
-		middleware.WithObserver(&middleware.Hooks{OnStoreBatch: func(n int) { viaLimiter.Add(int64(n)) }}))
-	if err != nil {
-		t.Fatal(err)
+	ds := make([]Decision, 2)
+	ids := internalDecisions(ds)
+	ids[1] = window.Decision{Allowed: true, Remaining: 3, ResetAfter: 1, RetryAfter: 2, NextAfter: 3, Delay: 4}
+	if want := (Decision{Allowed: true, Remaining: 3, ResetAfter: 1, RetryAfter: 2, NextAfter: 3, Delay: 4}); ds[1] != want || ds[0] != (Decision{}) {
+		t.Errorf("internalDecisions wrote %+v, want %+v", ds, want)
 	}
-	remove := rs.AddObserver(&middleware.Hooks{OnStoreBatch: func(n int) { direct.Add(int64(n)) }})
-	decide := func() {
-		t.Helper()
-		res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1")))
-		if err != nil || res.Outcome != middleware.OutcomeAllowed {
-			t.Fatalf("Decide = %v, %v; want allowed", res.Outcome, err)
-		}
+	s := &Slot{Key: "k", Name: "n", Limit: 3, ID: "id", Lease: time.Second}
+	if is := internalSlots([]*Slot{s}); len(is) != 1 || *is[0] != (window.Slot{Key: "k", Name: "n", Limit: 3, ID: "id", Lease: time.Second}) {
+		t.Errorf("internalSlots: %+v", is)
 	}
-	for range 3 {
-		decide()
-	}
-	if got := viaLimiter.Load(); got != 3 || direct.Load() != 3 || store.takes.Load() != 3 {
-		t.Fatalf("3 decisions: %d in batches seen by the limiter's observer, %d by the store's, %d takes; want 3, 3, 3", got, direct.Load(), store.takes.Load())
-	}
-	// The Redis store needs no breaker and gets a deny cache, wrapped or
-	// not.
-	if tr := s.(middleware.TraitsReporter).StoreTraits(); tr != (middleware.StoreTraits{FailsFast: true}) {
-		t.Errorf("StoreTraits = %+v, want FailsFast only", tr)
-	}
-
-	if err := lim.Close(); err != nil {
-		t.Fatal(err)
-	}
-	decide() // the store is the caller's: open after Limiter.Close
-	if got := viaLimiter.Load(); got != 3 {
-		t.Errorf("the limiter's observer heard the store after Limiter.Close: %d decisions", got)
-	}
-	if got := direct.Load(); got != 4 {
-		t.Errorf("the store's own observer heard %d decisions, want 4", got)
-	}
-	remove()
-	remove() // idempotent
-	decide()
-	if got := direct.Load(); got != 4 {
-		t.Errorf("a removed observer heard the store: %d decisions", got)
-	}
-}
-
-func is[T any](v any) bool {
-	_, ok := v.(T)
-	return ok
-}
-
-// TestObservedDecideAllocs: telling an Observer about a decision costs no
-// allocation: Decide with one allocates nothing, as without.
-func TestObservedDecideAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("sync.Pool drops items at random under -race")
-	}
-	var n atomic.Int64
-	lim := newLimiter(t, middleware.PerSecond(1<<30), keyfunc.RemoteIP(), middleware.WithClock(newClock(t0).Now),
-		middleware.WithObserver(&middleware.Hooks{OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
-			if res.Allowed {
-				n.Add(1)
-			}
-		}}),
-		middleware.WithObserver(middleware.NopObserver{}))
-	r := keyfunc.FromHTTP(get("192.0.2.1:1"))
-	if _, err := lim.Decide(r); err != nil {
-		t.Fatal(err)
-	}
-	allocs := testing.AllocsPerRun(200, func() {
-		if _, err := lim.Decide(r); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Errorf("Decide with observers: %v allocs, want 0", allocs)
-	}
-	if n.Load() < 200 {
-		t.Errorf("the observer saw %d decisions, want at least 200", n.Load())
+	if internalCharges(nil) != nil || len(internalDecisions(ds[:0])) != 0 {
+		t.Errorf("empty slices do not stay empty")
 	}
 }
