@@ -141,8 +141,8 @@ func holdAndServe(t *testing.T, h http.Handler, n int) (finish func()) {
 // stores the caller made have returned, no goroutine the limiter or its
 // stores started is left: not the in-memory stores' sweepers, not the
 // Redis store's pipeline workers and probes, not the renewal of the leases
-// of concurrency slots, which does not start again for requests decided
-// after Close. Close is idempotent.
+// of concurrency slots nor the publishing of spare capacity, which do not
+// start again for requests decided after Close. Close is idempotent.
 //
 // It does not run in parallel with other tests, so that the goroutines it
 // sees are its own (those already running when it starts are ignored).
@@ -151,6 +151,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		return []middleware.Rule{
 			{Name: "rate", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1000)}},
 			{Name: "conc", Key: keyfunc.RemoteIP(), Concurrency: 100},
+			// Elastic: the Limiter publishes its spare capacity to a
+			// shared store.
+			{Name: "elastic", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{{Requests: 1000, Window: time.Minute, Ceiling: 2000}}},
 		}
 	}
 	t.Run("memory", func(t *testing.T) {
@@ -197,7 +200,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		h := lim.Handler(holdNext)
 		finish := holdAndServe(t, h, 32)
 		running := sluiceGoroutines(before)
-		for _, fn := range []string{"(*Limiter).renewLoop", "memstore.sweep"} {
+		for _, fn := range []string{"(*Limiter).renewLoop", "(*Limiter).startFleet", "memstore.sweep"} {
 			if !hasGoroutine(running, fn) {
 				t.Fatalf("no %s seen while the limiter is open:\n%s", fn, strings.Join(running, "\n\n"))
 			}
@@ -207,13 +210,30 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 		finish()
-		// The store is still open: a request decided after the
-		// limiter's Close takes a slot, whose lease is not renewed.
-		finish = holdAndServe(t, h, 0)
-		if left := sluiceGoroutines(before); hasGoroutine(left, "renewLoop") {
-			t.Fatalf("lease renewal started again after Close:\n%s", strings.Join(left, "\n\n"))
+		// The store is still open: requests decided after the limiter's
+		// Close take slots, whose leases are not renewed, and start no
+		// publishing of spare capacity, on this limiter and on one closed
+		// before it had elastic limits.
+		fresh, err := middleware.NewRules(rules()[:1], middleware.WithStore(store))
+		if err != nil {
+			t.Fatal(err)
 		}
-		finish()
+		if err := fresh.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := fresh.SetRules(rules()); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range []http.Handler{h, fresh.Handler(holdNext)} {
+			finish = holdAndServe(t, h, 0)
+			left := sluiceGoroutines(before)
+			for _, fn := range []string{"renewLoop", "startFleet"} {
+				if hasGoroutine(left, fn) {
+					t.Fatalf("%s started again after Close:\n%s", fn, strings.Join(left, "\n\n"))
+				}
+			}
+			finish()
+		}
 		if err := store.Close(); err != nil {
 			t.Fatal(err)
 		}
