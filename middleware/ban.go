@@ -275,10 +275,8 @@ func (l *Limiter) startBans(ctx context.Context, now time.Time, r keyfunc.Reques
 		d.RetryAfter, d.NextAfter, d.ResetAfter = max(d.RetryAfter, left), max(d.NextAfter, left), max(d.ResetAfter, left)
 		d.Remaining = 0
 		started = true
-		for _, o := range l.cfg.observers {
-			if bo, ok := o.(BanObserver); ok {
-				bo.BanStarted(c.Name, time.Duration(until-local)*time.Millisecond)
-			}
+		if o := l.cfg.obs; o != nil {
+			o.BanStarted(c.Name, time.Duration(until-local)*time.Millisecond)
 		}
 	}
 	return started
@@ -338,14 +336,6 @@ func (l *Limiter) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 		was = was || ok
 	}
 	return was, nil
-}
-
-// BanObserver is implemented by Observers that want to hear of bans: the
-// metrics modules count them.
-type BanObserver interface {
-	// BanStarted is called when a limit with Limit.Ban refuses a client
-	// of rule, which is then banned for d.
-	BanStarted(rule string, d time.Duration)
 }
 
 // banning reports whether a rule may ban: one of its limits has a Ban, or

@@ -353,6 +353,8 @@ func (l *Limiter) startClientSync() {
 		cs.shared = sh
 	} else if !l.wantsClientState() {
 		return
+	} else {
+		l.reportClientState() // the gauges exist from the start
 	}
 	cs.stop, cs.done = make(chan struct{}), make(chan struct{})
 	go l.syncLoop(cs.stop, cs.done)
@@ -444,23 +446,7 @@ func (l *Limiter) loadOverrides(ctx context.Context) error {
 	return nil
 }
 
-// ClientStateObserver is implemented by Observers that want the number of
-// overrides and bans in force: the metrics modules export them as gauges.
-type ClientStateObserver interface {
-	// ClientState is called when the limiter's overrides change and
-	// every sync interval (WithClientSync): the overrides in force, and
-	// the bans (the fleet's, with Redis).
-	ClientState(overrides, bans int)
-}
-
-func (l *Limiter) wantsClientState() bool {
-	for _, o := range l.cfg.observers {
-		if _, ok := o.(ClientStateObserver); ok {
-			return true
-		}
-	}
-	return false
-}
+func (l *Limiter) wantsClientState() bool { return l.cfg.obs != nil }
 
 // reportClientState tells the observers how many overrides and bans are in
 // force.
@@ -481,11 +467,7 @@ func (l *Limiter) reportClientState() {
 	} else {
 		bans = len(l.clients.bans.list(l.localNow(l.clock()).UnixMilli()))
 	}
-	for _, o := range l.cfg.observers {
-		if co, ok := o.(ClientStateObserver); ok {
-			co.ClientState(overrides, bans)
-		}
-	}
+	l.cfg.obs.ClientState(overrides, bans)
 }
 
 // limitJSON is a Limit as overrides are kept in a shared store.

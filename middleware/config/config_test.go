@@ -219,7 +219,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limit unknown field",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log)",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ban)",
 		},
 		{
 			name: "cost zero",
@@ -1028,11 +1028,11 @@ rules:
 `
 	cfg := mustParse(t, src, testEnv())
 	var shadowed atomic.Int64
-	lim, _ := limiter(t, cfg, middleware.WithOnDecision(func(_ keyfunc.Request, res middleware.Result) {
+	lim, _ := limiter(t, cfg, middleware.WithObserver(&middleware.Hooks{OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
 		if res.Shadowed {
 			shadowed.Add(1)
 		}
-	}))
+	}}))
 	h := lim.Handler(okHandler)
 	admitted := func(n int, mk func() *http.Request) int {
 		ok := 0
