@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := adapters/envoyrls example middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example middleware/metrics/prometheus middleware/metrics/otel
 
 test: redis
 	$(GO) test -race -shuffle=on -timeout 8m ./...

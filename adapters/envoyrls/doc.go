@@ -1,6 +1,5 @@
 // Package envoyrls serves sluice's limiter as Envoy's rate limit service
-// (envoy.service.ratelimit.v3.RateLimitService), and rate-limits Go gRPC
-// servers with interceptors.
+// (envoy.service.ratelimit.v3.RateLimitService).
 //
 // Server answers ShouldRateLimit for proxies (Envoy, Istio, and others
 // that speak the same API) from the Envoy/Lyft descriptor files that
@@ -14,8 +13,7 @@
 //	g := grpc.NewServer()
 //	srv.Register(g)
 //
-// The command cmd/sluice-rls is such a server, ready to run. The
-// interceptors (UnaryServerInterceptor, StreamServerInterceptor) limit
-// the calls of a Go gRPC server with a middleware.Limiter and its rules.
-// docs/grpc.md in the repository shows both at work.
+// The command cmd/sluice-rls is such a server, ready to run; docs/grpc.md
+// in the repository shows it behind Envoy. To limit the calls of a Go gRPC
+// server itself, see the interceptors of module adapters/grpclimit.
 package envoyrls
