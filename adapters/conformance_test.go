@@ -610,7 +610,7 @@ func redisStore(t *testing.T, frontEnd string) middleware.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

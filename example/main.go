@@ -123,7 +123,7 @@ func run(args []string) error {
 		}
 		go rl.Watch(ctx, every, onReload(rl))
 		go reloadOnHUP(ctx, rl, onReload(rl))
-		source = func() (string, string) { return rl.Config().File, rl.Config().Version() }
+		source = func() (string, string) { return rl.Document().File, rl.Document().Version() }
 	} else {
 		var err error
 		if lim, err = middleware.NewRules(builtinRules(), opts...); err != nil {

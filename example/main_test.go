@@ -220,8 +220,8 @@ func TestRulesFromService(t *testing.T) {
 	}
 	defer closeSource()
 	defer rl.Limiter().Close()
-	if every != 50*time.Millisecond || rl.Config().File != srv.URL+"/rules.yaml" || len(rl.Config().Rules) == 0 {
-		t.Errorf("every %v, config %+v", every, rl.Config())
+	if every != 50*time.Millisecond || rl.Document().File != srv.URL+"/rules.yaml" || len(rl.Document().Rules) == 0 {
+		t.Errorf("every %v, config %+v", every, rl.Document())
 	}
 	if tried, err := rl.Check(); tried || err != nil {
 		t.Errorf("Check() = %v, %v: want unchanged (304)", tried, err)

@@ -265,7 +265,7 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 				status = http.StatusServiceUnavailable
 			}
 			*res = Result{
-				Limited: true, Policy: rule.Name, Rule: rule.Name,
+				Applied: true, Policy: rule.Name, Rule: rule.Name,
 				Limit:      Limit{Requests: adaptive.Threshold(p.shedClass(), limit, c.hard)},
 				RetryAfter: ConcurrencyRetryAfter, NextAfter: ConcurrencyRetryAfter,
 				Concurrency: true, Shed: true, Priority: p, InFlight: inflight,

@@ -2,14 +2,14 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 )
 
 // ErrBreakerOpen is the error a Limiter reports, wrapped in ErrStore, for
 // requests decided without the store while its circuit breaker is open.
-var ErrBreakerOpen = errors.New("circuit breaker open")
+var ErrBreakerOpen = errors.New("sluice: circuit breaker open")
 
 // breaker stops calling a failing store for a while, so requests are not
 // held up by a store that is down or timing out: after threshold failures
@@ -116,7 +116,19 @@ func (c *config) newBreaker() *breaker {
 	}
 }
 
-var errBreakerOpen = fmt.Errorf("%w: %w", ErrStore, ErrBreakerOpen)
+// errBreakerOpen is ErrBreakerOpen wrapped in ErrStore:
+// "sluice: store failed: circuit breaker open", with the prefix once.
+var errBreakerOpen error = storeError{ErrBreakerOpen}
+
+// storeError wraps, in ErrStore, an error of this package that has the
+// "sluice: " prefix already.
+type storeError struct{ err error }
+
+func (e storeError) Error() string {
+	return ErrStore.Error() + ": " + strings.TrimPrefix(e.err.Error(), "sluice: ")
+}
+
+func (e storeError) Unwrap() []error { return []error{ErrStore, e.err} }
 
 // breakerHook returns what the breaker calls when it opens or closes: the
 // WithOnBreakerChange function and every Observer.

@@ -9,13 +9,25 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
 // Slot is one request's hold on a concurrency limit (Rule.Concurrency): one
 // of at most Limit requests of a rule and key in flight at once.
-type Slot = window.Slot
+type Slot struct {
+	// Key and Name identify the counter, as for a Charge. A store that
+	// keeps Key must copy it.
+	Key, Name string
+	// Limit is how many slots of (Name, Key) may be held at once.
+	Limit int
+	// ID identifies this hold among the others of the counter: a random
+	// string, unique per request, that Release and Renew name.
+	ID string
+	// Lease is how long a store that is shared by several processes keeps
+	// the slot unless it is renewed or released, so that the slots of a
+	// process that died come back.
+	Lease time.Duration
+}
 
 // SlotStore is implemented by stores that can limit concurrency: the
 // in-memory store and the Redis store. A rule with Concurrency needs one.
@@ -147,7 +159,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 			}
 			h.releaseNow()
 			return nil, &Result{
-				Limited: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
+				Applied: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
 				Remaining: 0, RetryAfter: ConcurrencyRetryAfter, NextAfter: ConcurrencyRetryAfter,
 				Concurrency: true, InFlight: held, status: q.rule.ConcurrencyStatus,
 				Rule: q.rule.Name, key: q.key,

@@ -301,7 +301,7 @@ func (s *scratch) elasticAt(i int) *elasticCharge {
 // fleetPublisher is implemented by stores shared by app servers that can
 // carry their spare capacity: the Redis store.
 type fleetPublisher interface {
-	PublishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error)
+	publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error)
 }
 
 // startFleet starts publishing this server's spare capacity to a shared
@@ -348,7 +348,7 @@ func (l *Limiter) publishSpare(ctx context.Context, now time.Time) error {
 	c.advance(at)
 	local := c.g.Spare()
 	c.mu.Unlock()
-	fleet, n, err := p.PublishSpare(ctx, now, l.cfg.capacity.Server, local, l.cfg.capacity.FleetTTL)
+	fleet, n, err := p.publishSpare(ctx, now, l.cfg.capacity.Server, local, l.cfg.capacity.FleetTTL)
 	if err != nil {
 		return err
 	}

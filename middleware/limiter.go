@@ -136,7 +136,6 @@ func (l *Limiter) Close() error {
 	return l.cfg.closeOwned()
 }
 
-// Result is the outcome of Decide.
 // Outcome is how a request was decided, as reported to WithOnDecision and
 // to metrics.
 type Outcome uint8
@@ -196,15 +195,20 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Result is what Decide found for one request: whether it may proceed,
+// the binding limit and where it stands (for the rate-limit headers and
+// the 429), and how the request was decided (Outcome). WriteHeaders turns
+// it into response headers; Done gives back the concurrency slots it
+// holds.
 type Result struct {
 	// Allowed reports whether the request may proceed. In shadow mode it
 	// is true even when a limit was exceeded; see Shadowed.
 	Allowed bool
-	// Limited reports whether any limit applied to the request. When it is
+	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
 	// policy is to fail open) the other fields are zero and no rate-limit
 	// headers are sent.
-	Limited bool
+	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
 	Shadowed bool
@@ -229,9 +233,12 @@ type Result struct {
 	RetryAfter time.Duration
 	// Cost is what the request was charged under the binding limit.
 	Cost int
-	// Err is the store error a fail-open or fallback limiter absorbed, or
-	// the error Decide returned.
-	Err error
+	// StoreErr is the store error that a limiter failing open, or deciding
+	// with its local fallback (FailLocal), absorbed: the request was
+	// decided all the same (OutcomeFailedOpen, OutcomeFallback), and Decide
+	// returned no error. It wraps ErrStore. An error that left the request
+	// undecided is Decide's own returned error, not StoreErr.
+	StoreErr error
 	// Outcome says how the request was decided; WithOnDecision sees every
 	// request Decide handles, exactly once, with its Outcome.
 	Outcome Outcome
@@ -292,7 +299,6 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 	err := l.decide(r, res)
 	if err != nil {
-		res.Err = err
 		switch {
 		case res.Outcome != 0:
 		case errors.Is(err, keyfunc.ErrNoKey):
@@ -396,7 +402,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		allowed, err := l.takeElastic(ctx, now, s)
 		if err != nil {
 			*res, err = l.storeFailed(ctx, now, r, s, err)
-			if err != nil || !res.Limited {
+			if err != nil || !res.Applied {
 				if err != nil || !res.Allowed {
 					h.releaseNow()
 				} else {
@@ -466,13 +472,13 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		if local.IsZero() {
 			local = time.Now()
 		}
-		if i, d, ok := dc.Lookup(local, charges); ok {
+		if i, d, ok := dc.Lookup(local, internalCharges(charges)); ok {
 			// The store would deny too. The other charges were not
 			// decided; they are reported as not binding.
 			for j := range out {
 				out[j] = Decision{Allowed: true}
 			}
-			out[i] = d
+			out[i] = Decision(d)
 			for _, o := range l.cfg.observers {
 				o.DenyCacheHit(charges[i].Name)
 			}
@@ -495,7 +501,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		}
 	}
 	if err == nil && !ok && dc != nil {
-		dc.Record(local, charges, out)
+		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {
 		if b != nil {
@@ -523,12 +529,12 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 		if ferr == nil {
 			var res Result
 			s.result(&res, allowed, s.charges, s.decisions, s.metas)
-			res.Err, res.Outcome = err, OutcomeFallback
+			res.StoreErr, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
 		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
 	}
-	return Result{Allowed: true, Err: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
+	return Result{Allowed: true, StoreErr: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
 
 // addCharges appends the charges of rule for r to s.
@@ -635,7 +641,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		}
 		return
 	}
-	if !res.Limited || l.cfg.style == headers.None && res.Allowed {
+	if !res.Applied || l.cfg.style == headers.None && res.Allowed {
 		return
 	}
 	v := headers.Values{
@@ -756,7 +762,7 @@ func grow[T any](s []T, n int) []T {
 // longest wait or, when allowed, the one with the fewest requests
 // remaining.
 func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) {
-	res.Allowed, res.Limited = allowed, true
+	res.Allowed, res.Applied = allowed, true
 	best := -1
 	for i := range ds {
 		d := &ds[i]

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -127,7 +126,7 @@ func (o *logObserver) Decided(r keyfunc.Request, res *Result) {
 	case OutcomeFailedOpen:
 		if n, ok := o.errs.allow("failed_open"); ok {
 			o.log.LogAttrs(context.Background(), slog.LevelWarn, "sluice: store failed, request let through unlimited",
-				slog.String("rule", res.Rule), slog.Any("error", res.Err), slog.Int("not_logged", n))
+				slog.String("rule", res.Rule), slog.Any("error", res.StoreErr), slog.Int("not_logged", n))
 		}
 	}
 }
@@ -214,9 +213,9 @@ type Stats struct {
 func (l *Limiter) Stats() Stats {
 	st := Stats{Waiting: l.waiting.Load()}
 	for _, s := range []Store{l.cfg.store, l.cfg.fallback} {
-		if m, ok := s.(*memstore.Store); ok {
-			st.MemoryKeys += m.Len()
-			st.MemoryEvictions += m.Evictions()
+		if m, ok := s.(*MemoryStore); ok {
+			st.MemoryKeys += m.s.Len()
+			st.MemoryEvictions += m.s.Evictions()
 		}
 	}
 	l.renew.mu.Lock()

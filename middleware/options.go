@@ -8,7 +8,6 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/denycache"
-	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/internal/slots"
 	"github.com/sluicehq/sluice/keyfunc"
 )
@@ -141,7 +140,7 @@ func (c *config) finish() error {
 			return err
 		}
 		c.store = s
-		c.owned = append(c.owned, s.(interface{ Close() error }))
+		c.owned = append(c.owned, s)
 	}
 	if c.failure == FailLocal && c.fallback == nil {
 		s, err := NewMemoryStore(MemoryConfig{Now: c.clock})
@@ -149,9 +148,9 @@ func (c *config) finish() error {
 			return err
 		}
 		c.fallback = s
-		c.owned = append(c.owned, s.(interface{ Close() error }))
+		c.owned = append(c.owned, s)
 	}
-	if hs, ok := c.store.(interface{ PerServerHealth() bool }); ok && hs.PerServerHealth() && !c.breakerSet {
+	if hs, ok := c.store.(interface{ perServerHealth() bool }); ok && hs.perServerHealth() && !c.breakerSet {
 		// The store fails fast per server: a breaker for the whole store
 		// would let one failing Cluster node stop the decisions of all.
 		c.breakerFailures = 0
@@ -175,7 +174,7 @@ func (c *config) finish() error {
 		c.fallbackSlots, _ = slotsOf(c.fallback)
 	}
 	size := c.denyCacheSize
-	if _, local := c.store.(*memstore.Store); size < 0 && !local {
+	if _, local := c.store.(*MemoryStore); size < 0 && !local {
 		size = DefaultDenyCacheSize
 	}
 	if size > 0 {
@@ -341,7 +340,8 @@ func WithShadowMode() Option {
 // WithOnDecision calls fn once for every request Decide handles, with its
 // Result and Outcome: allowed, denied, shadow-denied (Result.ShadowPolicy
 // names a shadow rule that would have denied), failed open, decided by the
-// fallback, rejected for a missing key, not decided (Result.Err), or not
+// fallback, rejected for a missing key, not decided (Decide returned an
+// error; a store failure also reaches WithOnError), or not
 // limited by any rule. Requests WithSkip exempts never reach Decide. fn
 // runs on the request's goroutine and must be fast. It must not keep the Request, or strings read
 // from it, past the call: Fiber reuses its buffers and Echo its contexts.
@@ -365,8 +365,8 @@ func WithOnError(fn func(keyfunc.Request, error)) Option {
 // process for the in-memory store, in the store itself for a SlotStore
 // (shared, with leases), nowhere otherwise.
 func slotsOf(store Store) (ss SlotStore, shared bool) {
-	if _, local := store.(*memstore.Store); local {
-		return slots.New(), false
+	if _, local := store.(*MemoryStore); local {
+		return localSlots{slots.New()}, false
 	}
 	if ss, ok := store.(SlotStore); ok {
 		return ss, true

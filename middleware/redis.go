@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redisstore"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // RedisConfig configures NewRedisStore. The zero value is ready to use.
@@ -92,9 +94,9 @@ type HealthEvent struct {
 // Key per request on Cluster. A Ring also moves keys between shards when
 // one goes down or comes back, which resets the counters that move.
 //
-// The returned Store has a Close method that stops its pipeline workers;
-// call it when the store is no longer used.
-func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
+// Close stops the store's pipeline workers; call it when the store is no
+// longer used.
+func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) {
 	pc := redispipe.Config{StallThreshold: cfg.StallThreshold, MaxBatch: cfg.MaxBatch}
 	hub := &healthHub{}
 	if fn := cfg.OnHealthChange; fn != nil {
@@ -108,9 +110,53 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	healthHubs.Store(Store(s), hub)
-	return s, nil
+	rs := &RedisStore{s: s}
+	healthHubs.Store(Store(rs), hub)
+	return rs, nil
 }
+
+// RedisStore is a Store that keeps its counters in Redis. Make one with
+// NewRedisStore.
+type RedisStore struct {
+	s *redisstore.Store
+}
+
+// Take decides charges at one instant, all or nothing; see Store.
+func (r *RedisStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return r.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// Reset drops the counters named by charges; see Resetter.
+func (r *RedisStore) Reset(ctx context.Context, charges []Charge) error {
+	return r.s.Reset(ctx, internalCharges(charges))
+}
+
+// GiveBack returns the places of admitted charges; see Returner.
+func (r *RedisStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {
+	return r.s.GiveBack(ctx, now, internalCharges(charges))
+}
+
+// Acquire takes a concurrency slot; see SlotStore.
+func (r *RedisStore) Acquire(ctx context.Context, now time.Time, s *Slot) (bool, int, error) {
+	return r.s.Acquire(ctx, now, (*window.Slot)(s))
+}
+
+// Release gives back a concurrency slot; see SlotStore.
+func (r *RedisStore) Release(ctx context.Context, s *Slot) error {
+	return r.s.Release(ctx, (*window.Slot)(s))
+}
+
+// Renew extends the leases of concurrency slots; see SlotStore.
+func (r *RedisStore) Renew(ctx context.Context, now time.Time, ss []*Slot) error {
+	return r.s.Renew(ctx, now, internalSlots(ss))
+}
+
+// Close stops the store's pipeline workers.
+func (r *RedisStore) Close() error { return r.s.Close() }
+
+// perServerHealth reports whether the store follows each server's health,
+// so that a Limiter on it needs no circuit breaker of its own.
+func (r *RedisStore) perServerHealth() bool { return r.s.PerServerHealth() }
 
 // healthHubs maps each store NewRedisStore made to the listeners of its
 // servers' health, so that a Limiter built on it can pass the events on to
@@ -158,4 +204,10 @@ func (h *healthHub) send(e HealthEvent) {
 	for _, fn := range ls {
 		fn(e)
 	}
+}
+
+// publishSpare publishes this app server's spare capacity and reads the
+// fleet's; see fleetPublisher.
+func (r *RedisStore) publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (float64, int, error) {
+	return r.s.PublishSpare(ctx, now, server, spare, ttl)
 }

@@ -150,8 +150,8 @@ func TestRulesPathMatching(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Limited != tt.want {
-				t.Errorf("pattern %q, path %q: limited = %v, want %v", tt.pattern, tt.path, res.Limited, tt.want)
+			if res.Applied != tt.want {
+				t.Errorf("pattern %q, path %q: limited = %v, want %v", tt.pattern, tt.path, res.Applied, tt.want)
 			}
 		})
 	}
@@ -195,8 +195,8 @@ func TestRulesMethodMatching(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Limited != tt.want {
-				t.Errorf("methods %v, request %s: limited = %v, want %v", tt.methods, tt.method, res.Limited, tt.want)
+			if res.Applied != tt.want {
+				t.Errorf("methods %v, request %s: limited = %v, want %v", tt.methods, tt.method, res.Applied, tt.want)
 			}
 		})
 	}
@@ -213,7 +213,7 @@ func TestRulesGetCoversHead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Limited {
+	if !res.Applied {
 		t.Error("HEAD /search is not limited by a GET rule")
 	}
 }

@@ -75,7 +75,7 @@ func TestRuleConditions(t *testing.T) {
 	if res := decide("/", "192.0.2.1:1", "X-Beta", "1"); res.Allowed {
 		t.Errorf("match, second: %+v", res)
 	}
-	if res := decide("/", "192.0.2.1:1"); !res.Allowed || res.Limited {
+	if res := decide("/", "192.0.2.1:1"); !res.Allowed || res.Applied {
 		t.Errorf("no match: %+v", res)
 	}
 	res := decide("/?evil=1", "192.0.2.1:1")

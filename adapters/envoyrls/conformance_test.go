@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -434,7 +435,7 @@ func TestRedisStopped(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Standalone(t)
-			store := redisStore(t, srv.Client(t, nil), srv.Prefix(t))
+			store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
 			obs := &outcomes{}
 			r := startRLS(t, store, envoyrls.Options{}, []middleware.Option{middleware.WithFailurePolicy(policy), middleware.WithObserver(obs)}, conformance)
 			// The first calls connect and load the script, which may take
@@ -463,13 +464,15 @@ func TestRedisStopped(t *testing.T) {
 					t.Cleanup(func() { _ = srv.Resume() })
 				}
 				before := obs.failedOpen.Load()
+				var tooks []time.Duration
 				for i := range 5 {
 					begin := time.Now()
 					resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
 						Domain: "conf", Descriptors: []*commonv3.RateLimitDescriptor{desc("client=a"), desc("database=users"), desc("client=b", "+0")}})
-					took := time.Since(begin)
-					if lag := lags.Worst(begin, time.Now()); took-lag > 20*time.Millisecond {
-						t.Errorf("%s call %d took %v (scheduling lag %v): want well inside 20ms", phase, i+1, took, lag)
+					took := time.Since(begin) - lags.Worst(begin, time.Now())
+					tooks = append(tooks, took)
+					if took > 60*time.Millisecond { // a hang would last the store's 100ms, or more
+						t.Errorf("%s call %d took %v beyond the scheduling lag it met: want it bounded by the 10ms timeout", phase, i+1, took)
 					}
 					switch policy {
 					case middleware.FailOpen:
@@ -484,6 +487,10 @@ func TestRedisStopped(t *testing.T) {
 							t.Fatalf("%s call %d: %v, want Unavailable", phase, i+1, err)
 						}
 					}
+				}
+				slices.Sort(tooks)
+				if tooks[2] > 20*time.Millisecond {
+					t.Errorf("%s: median call %v beyond the scheduling lag: want well inside 20ms (all: %v)", phase, tooks[2], tooks)
 				}
 				if got := obs.failedOpen.Load() - before; policy == middleware.FailOpen && got != 10 {
 					t.Errorf("%s: observer counted %d calls failed open, want 10 (2 counted descriptors x 5)", phase, got)

@@ -50,17 +50,24 @@ var backends = []backend{
 	}},
 	{"redis", func(t *testing.T) middleware.Store {
 		srv := redistest.Shared(t)
-		return redisStore(t, srv.Client(t, nil), srv.Prefix(t))
+		return patientStore(t, srv.Client(t, nil), srv.Prefix(t))
 	}},
 	{"cluster", func(t *testing.T) middleware.Store {
 		c := redistest.SharedCluster(t)
-		return redisStore(t, c.Client(t, nil), c.Prefix(t))
+		return patientStore(t, c.Client(t, nil), c.Prefix(t))
 	}},
 }
 
-func redisStore(t *testing.T, client redis.Scripter, prefix string) middleware.Store {
+// patientStore is a Redis store for tests of what is decided, not of
+// outages: a server is never taken as down for being slow (the machine
+// may be busy), and a decision may take a second.
+func patientStore(t *testing.T, client redis.Scripter, prefix string) middleware.Store {
+	return redisStore(t, client, middleware.RedisConfig{Prefix: prefix, Timeout: time.Second, StallThreshold: -1})
+}
+
+func redisStore(t *testing.T, client redis.Scripter, cfg middleware.RedisConfig) middleware.Store {
 	t.Helper()
-	s, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: prefix})
+	s, err := middleware.NewRedisStore(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ const maxCost = 1 << 50
 // *config.Reloader is a Domain, and keeps the file up to date.
 type Domain interface {
 	Limiter() *middleware.Limiter
-	Config() *config.Config
+	Document() *config.Document
 }
 
 // Options configure a Server. The zero value is usable.
@@ -93,12 +93,12 @@ func NewServer(opts Options, domains ...Domain) (*Server, error) {
 	}
 	seen := map[string]bool{}
 	for i, d := range domains {
-		if d == nil || d.Limiter() == nil || d.Config() == nil {
+		if d == nil || d.Limiter() == nil || d.Document() == nil {
 			return nil, fmt.Errorf("sluice: envoyrls: domains[%d] is nil", i)
 		}
-		name := d.Config().Domain
+		name := d.Document().Domain
 		if name == "" {
-			return nil, fmt.Errorf("sluice: envoyrls: domains[%d]: %s is not a descriptor file (no domain)", i, d.Config().File)
+			return nil, fmt.Errorf("sluice: envoyrls: domains[%d]: %s is not a descriptor file (no domain)", i, d.Document().File)
 		}
 		if seen[name] {
 			return nil, fmt.Errorf("sluice: envoyrls: domains[%d]: domain %q served twice", i, name)
@@ -122,7 +122,7 @@ func (s *Server) Register(g grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServ
 // reload may change the name of a file's domain, so it is looked up anew.
 func (s *Server) domain(name string) (Domain, bool) {
 	for _, d := range s.domains {
-		if d.Config().Domain == name {
+		if d.Document().Domain == name {
 			return d, true
 		}
 	}
@@ -132,7 +132,7 @@ func (s *Server) domain(name string) (Domain, bool) {
 func (s *Server) domainNames() string {
 	names := make([]string, len(s.domains))
 	for i, d := range s.domains {
-		names[i] = fmt.Sprintf("%q", d.Config().Domain)
+		names[i] = fmt.Sprintf("%q", d.Document().Domain)
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
@@ -198,7 +198,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	cfg := d.Config()
+	cfg := d.Document()
 	style := headers.Draft
 	if cfg.HeaderStyleSet() {
 		style = cfg.HeaderStyle
@@ -251,7 +251,7 @@ func decide(ctx context.Context, lim *middleware.Limiter, descs []config.Descrip
 	if !res.Allowed {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	if res.Limited {
+	if res.Applied {
 		st.LimitRemaining = uint32(min(res.Remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(res.ResetAfter)
 		dec.limited, dec.over = true, !res.Allowed

@@ -44,12 +44,13 @@ var stores = []struct {
 	}},
 	{"redis", func(t *testing.T) middleware.Store {
 		srv := redistest.Shared(t)
-		return redisStore(t, srv.Client(t, nil), srv.Prefix(t))
+		// Never taken as down for being slow: the machine may be busy.
+		return redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), Timeout: time.Second, StallThreshold: -1})
 	}},
 }
 
-func redisStore(t *testing.T, c redis.Scripter, prefix string) middleware.Store {
-	s, err := middleware.NewRedisStore(c, middleware.RedisConfig{Prefix: prefix})
+func redisStore(t *testing.T, c redis.Scripter, cfg middleware.RedisConfig) middleware.Store {
+	s, err := middleware.NewRedisStore(c, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestUnaryConcurrency(t *testing.T) {
 func TestSkipAndFailure(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
-	store := redisStore(t, srv.Client(t, nil), srv.Prefix(t))
+	store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
 	lim, err := middleware.NewRules([]middleware.Rule{{Name: "all", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100).FixedWindow()}}},
 		middleware.WithStore(store), middleware.WithFailurePolicy(middleware.FailClosed))
 	if err != nil {

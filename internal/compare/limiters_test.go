@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -174,7 +173,7 @@ var memLimiters = []memLimiter{
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = st.(io.Closer).Close() })
+		tb.Cleanup(func() { _ = st.Close() })
 		return sluiceMemCounter(st, middleware.PerMinute(bigLimit))
 	}},
 	{"ulule", func(tb testing.TB) memCounter {

@@ -72,7 +72,7 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
 
 // limiter builds a Limiter from cfg on a frozen clock.
-func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
+func limiter(t *testing.T, cfg *config.Document, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
 	t.Helper()
 	clk := newClock()
 	lim, err := middleware.NewRules(cfg.Rules, append(append(cfg.Options(), middleware.WithClock(clk.Now)), opts...)...)
@@ -84,7 +84,7 @@ func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*midd
 }
 
 // mustParse parses a file that must load.
-func mustParse(t *testing.T, src string, env config.Env) *config.Config {
+func mustParse(t *testing.T, src string, env config.Env) *config.Document {
 	t.Helper()
 	cfg, err := config.Parse([]byte(src), "rules.yaml", env)
 	if err != nil {

@@ -47,7 +47,7 @@ var standardMethods = []string{
 	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
 }
 
-// decoder turns the nodes of a rules file into a Config, collecting errors
+// decoder turns the nodes of a rules file into a Document, collecting errors
 // as it goes.
 type decoder struct {
 	file  string
@@ -88,8 +88,8 @@ func (d *decoder) err() error {
 }
 
 // root decodes the top-level mapping.
-func (d *decoder) root(n *yaml.Node) *Config {
-	cfg := &Config{File: d.file}
+func (d *decoder) root(n *yaml.Node) *Document {
+	cfg := &Document{File: d.file}
 	if err := checkSize(n); err != "" {
 		d.errorf(n, "", "%s", err)
 		return cfg
@@ -427,7 +427,7 @@ func (d *decoder) values(n *yaml.Node, path, example string, fold bool, check fu
 }
 
 // headerStyle decodes the top-level headers field.
-func (d *decoder) headerStyle(v *yaml.Node, cfg *Config) {
+func (d *decoder) headerStyle(v *yaml.Node, cfg *Document) {
 	if s, ok := d.str(v, "headers"); ok {
 		style, err := headers.ParseStyle(s)
 		if err != nil {
@@ -438,7 +438,7 @@ func (d *decoder) headerStyle(v *yaml.Node, cfg *Config) {
 }
 
 // unmatched decodes the top-level unmatched field.
-func (d *decoder) unmatched(v *yaml.Node, cfg *Config) {
+func (d *decoder) unmatched(v *yaml.Node, cfg *Document) {
 	s, ok := d.str(v, "unmatched")
 	if !ok {
 		return
@@ -458,7 +458,7 @@ func (d *decoder) unmatched(v *yaml.Node, cfg *Config) {
 // limitDefaults are the settings of a rule that apply to each of its
 // limits (and of its plans' limits) that does not set its own.
 type limitDefaults struct {
-	algorithm     window.Algorithm
+	algorithm     middleware.Algorithm
 	algorithmNode *yaml.Node
 	location      *time.Location
 	locationNode  *yaml.Node
@@ -504,7 +504,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 						d.errorf(v, fpath, "unknown calendar period %q: want calendar_day, calendar_week or calendar_month", v.Value)
 						return
 					}
-					l.Period, winNode = p, v
+					l.Period, winNode = middleware.Period(p), v
 					return
 				}
 				if w, ok := d.duration(v, fpath); ok {
@@ -553,12 +553,12 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		if !d.ok(start) {
 			continue
 		}
-		if l.Period != window.NoPeriod {
+		if l.Period != middleware.NoPeriod {
 			// A calendar period implies a fixed window.
 			switch {
 			case algNode == nil:
-				l.Algorithm = window.FixedWindow
-			case l.Algorithm != window.FixedWindow:
+				l.Algorithm = middleware.FixedWindow
+			case l.Algorithm != middleware.FixedWindow:
 				d.errorf(algNode, ipath+".algorithm", "%s cannot count a calendar window (%s): calendar periods need fixed_window", l.Algorithm, l.Period)
 				continue
 			}
@@ -570,15 +570,15 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 			d.errorf(tzNode, ipath+".time_zone", "applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to %s", formatDuration(l.Window))
 			continue
 		}
-		if burstNode != nil && l.Algorithm != window.TokenBucket && l.Algorithm != window.LeakyBucket {
+		if burstNode != nil && l.Algorithm != middleware.TokenBucket && l.Algorithm != middleware.LeakyBucket {
 			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket and leaky_bucket algorithms, not to %s", l.Algorithm)
 			continue
 		}
-		if delayNode != nil && l.Algorithm != window.LeakyBucket {
+		if delayNode != nil && l.Algorithm != middleware.LeakyBucket {
 			d.errorf(delayNode, ipath+".max_delay", "applies only to the leaky_bucket algorithm, not to %s", l.Algorithm)
 			continue
 		}
-		if logNode != nil && l.Algorithm != window.SlidingLog {
+		if logNode != nil && l.Algorithm != middleware.SlidingLog {
 			d.errorf(logNode, ipath+".max_log", "applies only to the sliding_log algorithm, not to %s", l.Algorithm)
 			continue
 		}
@@ -598,7 +598,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 			d.errorf(logNode, ipath+".max_log", "%d is too large: max_log must not exceed %d", l.MaxLog, window.MaxLogRequests)
 			continue
 		}
-		if l.Algorithm == window.SlidingLog && l.Requests > max(l.MaxLog, window.DefaultMaxLog) {
+		if l.Algorithm == middleware.SlidingLog && l.Requests > max(l.MaxLog, window.DefaultMaxLog) {
 			d.errorf(reqNode, ipath+".requests", "%d is too many for a sliding log, which keeps one entry per request: at most %d unless max_log raises it (up to %d) to accept the memory, or use another algorithm", l.Requests, max(l.MaxLog, window.DefaultMaxLog), window.MaxLogRequests)
 			continue
 		}
@@ -622,7 +622,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 
 // windowName is how a file names a limit's window: "1m", "calendar_day".
 func windowName(l middleware.Limit) string {
-	if l.Period != window.NoPeriod {
+	if l.Period != middleware.NoPeriod {
 		return l.Period.String()
 	}
 	return formatDuration(l.Window)
@@ -633,16 +633,16 @@ func windowName(l middleware.Limit) string {
 func formatLimit(l middleware.Limit) string {
 	s := fmt.Sprintf("%d per %s", l.Requests, windowName(l))
 	switch {
-	case (l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket) && l.Burst > 0:
+	case (l.Algorithm == middleware.TokenBucket || l.Algorithm == middleware.LeakyBucket) && l.Burst > 0:
 		s += fmt.Sprintf(" (%s, burst %d)", l.Algorithm, l.Burst)
-	case l.Algorithm != window.SlidingWindow:
+	case l.Algorithm != middleware.SlidingWindow:
 		s += " (" + l.Algorithm.String() + ")"
 	}
 	return s
 }
 
 // algorithm decodes an algorithm's name.
-func (d *decoder) algorithm(n *yaml.Node, path string) (window.Algorithm, bool) {
+func (d *decoder) algorithm(n *yaml.Node, path string) (middleware.Algorithm, bool) {
 	s, ok := d.str(n, path)
 	if !ok {
 		return 0, false
@@ -652,7 +652,7 @@ func (d *decoder) algorithm(n *yaml.Node, path string) (window.Algorithm, bool) 
 		d.errorf(n, path, "%v", err)
 		return 0, false
 	}
-	return a, true
+	return middleware.Algorithm(a), true
 }
 
 // timeZone decodes an IANA time zone name such as "Europe/Paris".

@@ -184,4 +184,4 @@ func replacedInService(own func(keyfunc.Request) bool, replacers []func(keyfunc.
 
 // HeaderStyleSet reports whether the file sets headers; HeaderStyle is
 // headers.Both when it does not.
-func (c *Config) HeaderStyleSet() bool { return c.headersLine > 0 }
+func (c *Document) HeaderStyleSet() bool { return c.headersLine > 0 }

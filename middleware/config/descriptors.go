@@ -115,7 +115,7 @@ type descBuild struct {
 }
 
 // descriptorRoot decodes an Envoy/Lyft-style descriptor file into cfg.
-func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Config) {
+func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Document) {
 	var list *yaml.Node
 	b := &descBuild{names: map[string]bool{}, named: map[string]int{}, replaces: map[int][]*yaml.Node{}, attrs: map[string]*attribute{}}
 	d.fields(n, "", descRootFields, func(key string, v *yaml.Node) {
@@ -422,7 +422,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	}
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
 	if d.env.RateLimitService {
-		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: window.FixedWindow},
+		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow},
 			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
 		if unlimited {
 			m.Limit = middleware.Limit{}
@@ -436,7 +436,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	case requests == 0:
 		r.Deny = true
 	default:
-		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: window.FixedWindow}}
+		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow}}
 	}
 	if nameNode != nil {
 		b.named[name] = len(b.rules)

@@ -23,8 +23,8 @@
 // Envoy descriptor files are in [docs/rules-sources.md].
 //
 // Open loads a file, builds a Limiter and returns a Reloader; Load and
-// Parse only read a file or a document into a Config, and NewReloader
-// keeps a Limiter built from such a Config in step with its file. A Reloader re-reads its file
+// Parse only read a file or a document into a Document, and NewReloader
+// keeps a Limiter built from such a Document in step with its file. A Reloader re-reads its file
 // on request (Reload, say on SIGHUP) or when it changes (Check, Watch), and
 // swaps the rules of its Limiter with middleware.Limiter.SetRules: requests
 // in flight finish under the rules they started with, and counters of rules

@@ -429,7 +429,7 @@ func (m *Metrics) Decided(r keyfunc.Request, res *middleware.Result) {
 	attrs = append(attrs,
 		attribute.String("sluice.rule", res.Rule),
 		attribute.String("sluice.outcome", res.Outcome.String()))
-	if res.Limited || res.Concurrency {
+	if res.Applied || res.Concurrency {
 		attrs = append(attrs,
 			attribute.String("sluice.policy", res.Policy),
 			attribute.Int("sluice.remaining", res.Remaining))

@@ -256,7 +256,7 @@ func TestDenyCacheHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(remoteStore{mem}), middleware.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)

@@ -264,7 +264,7 @@ func TestDenyCacheHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(remoteStore{mem}), middleware.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +298,7 @@ func TestStoreServerUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m))
 	if err != nil {
@@ -335,7 +335,7 @@ func TestStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules([]middleware.Rule{
 		{Name: "api", Path: "/api/*", Key: keyfunc.Header("X-Key"), Limits: []middleware.Limit{middleware.PerMinute(100)}},
 		{Name: "slow", Path: "/slow", Key: keyfunc.Header("X-Key"), Concurrency: 1},
@@ -630,7 +630,7 @@ func TestStoreBatchSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m))
 	if err != nil {
@@ -661,7 +661,7 @@ func TestRedisStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m), middleware.WithDenyCache(0))
 	if err != nil {

@@ -177,8 +177,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		}
 		reloaders = append(reloaders, rl)
 		metrics.Watch(rl.Limiter())
-		log.Info("sluice-rls: serving domain", slog.String("domain", rl.Config().Domain),
-			slog.String("source", rl.Config().File), slog.Int("rules", len(rl.Config().Rules)))
+		log.Info("sluice-rls: serving domain", slog.String("domain", rl.Document().Domain),
+			slog.String("source", rl.Document().File), slog.Int("rules", len(rl.Document().Rules)))
 	}
 	domains := make([]envoyrls.Domain, len(reloaders))
 	for i, rl := range reloaders {

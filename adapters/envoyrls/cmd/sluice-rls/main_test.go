@@ -183,7 +183,7 @@ func TestCommandRedis(t *testing.T) {
 	if _, err := config.PublishRedis(context.Background(), client, key, []byte(doc), env); err != nil {
 		t.Fatal(err)
 	}
-	conn, _, logs := start(t, "-config", "redis:///"+key, "-redis", srv.Addr(), "-redis-prefix", prefix, "-failure", "closed")
+	conn, _, logs := start(t, "-config", "redis:///"+key, "-redis", srv.Addr(), "-redis-prefix", prefix, "-failure", "closed", "-timeout", "1s")
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	if code, limit, rem := remaining(t, c, "a"); code != rlsv3.RateLimitResponse_OK || limit != 3 || rem != 2 {
 		t.Fatalf("first call: %v, limit %d, remaining %d", code, limit, rem)
