@@ -101,7 +101,7 @@ func (d *decoder) checkCeiling(l middleware.Limit, ceilNode *yaml.Node, path str
 	switch {
 	case l.Ceiling <= l.Requests:
 		d.errorf(ceilNode, path+".ceiling", "%d must be above requests (%d)", l.Ceiling, l.Requests)
-	case l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket:
+	case l.Algorithm == middleware.TokenBucket || l.Algorithm == middleware.LeakyBucket:
 		d.errorf(ceilNode, path+".ceiling", "applies only to the sliding_window, fixed_window and sliding_log algorithms, not to %s", l.Algorithm)
 	default:
 		return true
