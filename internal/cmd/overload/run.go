@@ -201,16 +201,27 @@ func (r *runner) shrink() error {
 		}
 	}
 	final := mean(last)
+	// The limit moves every 100ms window; the settling is read on its
+	// means over 1 s, the first instant after which every such mean
+	// stays within ±30 % of the final level.
+	var after []sample
+	for _, s := range samples {
+		if s.T > at {
+			after = append(after, s)
+		}
+	}
 	settle := -1.0
-	for i := len(samples) - 1; i >= 0 && samples[i].T > at; i-- {
-		l := float64(samples[i].Limit)
-		if l < 0.7*final || l > 1.4*final {
-			settle = samples[i].T - at
+	for i := len(after) - 10; i >= 0; i-- {
+		m := 0.0
+		for _, s := range after[i : i+10] {
+			m += float64(s.Limit) / 10
+		}
+		if m < 0.7*final || m > 1.3*final {
 			break
 		}
-		settle = samples[i].T - at - 0.1
+		settle = after[i].T - at
 	}
-	fmt.Printf("limit: mean %.1f over the 3 s before the shrink, %.1f over the last 5 s; stays within ±30%% of the latter from %.1f s after the shrink\n", mean(before), final, max(settle, 0))
+	fmt.Printf("limit: mean %.1f over the 3 s before the shrink, %.1f over the last 5 s; its 1 s means stay within ±30%% of the latter from %.1f s after the shrink\n", mean(before), final, settle)
 	fmt.Printf("goodput: %.0f/s in the first half (capacity 400), %.0f/s in the second (capacity 200); admitted p50 %.1f ms, p99 %.1f ms over the run\n",
 		float64(sum(c.GoodPerSecond[:half]))/float64(half), float64(sum(c.GoodPerSecond[half:]))/float64(len(c.GoodPerSecond)-half), c.P50, c.P99)
 	fmt.Print("limit every 0.5 s from 2 s before the shrink:")
