@@ -86,7 +86,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := []middleware.Option{middleware.WithLogger(logger), middleware.WithObserver(metrics)}
+	opts := []middleware.Option{middleware.WithObserver(middleware.NewLogObserver(logger)), middleware.WithObserver(metrics)}
 	onReload := func(rl *config.Reloader) func(error) {
 		log := rl.LogReloads(logger)
 		return func(err error) {
@@ -105,6 +105,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		defer s.Close() // after the limiter's Close, deferred below
 		opts = append(opts, middleware.WithStore(s))
 		store = "redis " + *redisAddr
 	}

@@ -190,6 +190,7 @@ type renewer struct {
 	active map[*hold]struct{}
 	stop   chan struct{}
 	done   chan struct{}
+	closed bool // by Limiter.Close: no renewal starts again
 }
 
 func (l *Limiter) track(h *hold) {
@@ -200,7 +201,7 @@ func (l *Limiter) track(h *hold) {
 		r.active = make(map[*hold]struct{})
 	}
 	r.active[h] = struct{}{}
-	if r.stop == nil && l.cfg.slotsShared {
+	if r.stop == nil && l.cfg.slotsShared && !r.closed {
 		r.stop, r.done = make(chan struct{}), make(chan struct{})
 		go l.renewLoop(r.stop, r.done)
 	}
@@ -254,13 +255,13 @@ func (l *Limiter) renewAll() {
 	}
 }
 
-// stopRenewer stops the renewal of leases; slots still held then expire
-// after their lease.
+// stopRenewer stops the renewal of leases for good; slots still held, and
+// slots taken later, then expire after their lease.
 func (l *Limiter) stopRenewer() {
 	r := &l.renew
 	r.mu.Lock()
 	stop, done := r.stop, r.done
-	r.stop = nil
+	r.stop, r.closed = nil, true
 	r.mu.Unlock()
 	if stop != nil {
 		close(stop)

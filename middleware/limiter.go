@@ -29,7 +29,8 @@ type Limiter struct {
 	// unmatched is the UnmatchedPolicy in force.
 	unmatched atomic.Uint32
 	// ov holds the capacity signals (adaptive.go, elastic.go).
-	ov overload
+	ov        overload
+	closeOnce sync.Once
 }
 
 type ruleSet struct {
@@ -66,7 +67,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
 	if err := l.SetRules(rules); err != nil {
-		l.cfg.closeOwned()
+		l.cfg.release()
 		return nil, err
 	}
 	return l, nil
@@ -113,21 +114,30 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 	return set, nil
 }
 
-// Close releases what the limiter started itself: the sweeper of the
-// default in-memory store. A Store passed with WithStore is the caller's to
-// close.
+// Close stops what the limiter started itself, for good: the renewal of
+// the leases of concurrency slots, the publishing of spare capacity, and
+// the stores it made (the default in-memory store and FailLocal's default
+// fallback), whose goroutines have returned when Close returns. It removes
+// the limiter's Observers from its stores. A store given to WithStore or
+// WithFallbackStore is the caller's: Close does not close it (close it
+// after the Limiter).
 //
-// Close also stops renewing the leases of the concurrency slots of
-// requests still in flight: on a shared store they are then freed when
-// their lease ends, if the requests do not end first.
+// The leases of the concurrency slots of requests still in flight, and of
+// any taken after Close, are not renewed: on a shared store such slots
+// are freed when their lease ends, if the requests do not end first. Close
+// is idempotent and safe for concurrent use; later calls return nil.
 func (l *Limiter) Close() error {
-	l.stopRenewer()
-	l.stopFleet()
-	return l.cfg.closeOwned()
+	var err error
+	l.closeOnce.Do(func() {
+		l.stopRenewer()
+		l.stopFleet()
+		err = l.cfg.release()
+	})
+	return err
 }
 
-// Outcome is how a request was decided, as reported to WithOnDecision and
-// to metrics.
+// Outcome is how a request was decided, as reported to Observer.Decided
+// (and so to metrics and logs).
 type Outcome uint8
 
 // The outcomes.
@@ -229,8 +239,8 @@ type Result struct {
 	// returned no error. It wraps ErrStore. An error that left the request
 	// undecided is Decide's own returned error, not StoreErr.
 	StoreErr error
-	// Outcome says how the request was decided; WithOnDecision sees every
-	// request Decide handles, exactly once, with its Outcome.
+	// Outcome says how the request was decided; Observer.Decided sees
+	// every request Decide handles, exactly once, with its Outcome.
 	Outcome Outcome
 	// Rule is the name of the rule of the binding limit (for a request
 	// that could not be decided, of the first rule that applied).
@@ -297,8 +307,8 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 			res.Outcome = OutcomeError
 		}
 	}
-	if l.cfg.hookDec != nil || len(l.cfg.observers) > 0 {
-		l.cfg.observe(r, *res) // a copy of the Result, made only when needed
+	if l.cfg.obs != nil {
+		l.cfg.decided(r, res)
 	}
 	return err
 }
@@ -544,7 +554,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 				out[j] = Decision{Allowed: true}
 			}
 			out[i] = Decision(d)
-			for _, o := range l.cfg.observers {
+			if o := l.cfg.obs; o != nil {
 				o.DenyCacheHit(charges[i].Name)
 			}
 			return false, nil
@@ -555,15 +565,13 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		return false, errBreakerOpen
 	}
 	var began time.Time
-	if len(l.cfg.observers) > 0 {
+	o := l.cfg.obs
+	if o != nil {
 		began = time.Now()
 	}
 	ok, err := l.cfg.store.Take(ctx, now, charges, out)
-	if len(l.cfg.observers) > 0 {
-		d := time.Since(began)
-		for _, o := range l.cfg.observers {
-			o.StoreCalled(d, err)
-		}
+	if o != nil {
+		o.StoreCalled(time.Since(began), err)
 	}
 	if err == nil && !ok && dc != nil {
 		dc.Record(local, internalCharges(charges), internalDecisions(out))
@@ -583,7 +591,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 // storeFailed applies the failure policy to a store error. s still holds
 // the request's charges, so a local fallback can decide them.
 func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, err error) (Result, error) {
-	if !errors.Is(err, ErrBreakerOpen) { // WithOnBreakerChange reports those
+	if !errors.Is(err, ErrBreakerOpen) { // BreakerChanged reports those
 		l.cfg.report(r, err)
 	}
 	switch l.cfg.failure {

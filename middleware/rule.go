@@ -111,7 +111,7 @@ type Rule struct {
 	AllowCIDRs []netip.Prefix
 
 	// Shadow computes, counts and reports this rule's decisions (to
-	// WithOnDecision) but never denies a request: for rolling out a new
+	// Observer.Decided) but never denies a request: for rolling out a new
 	// limit safely. Shadow rules are counted in a separate store call.
 	Shadow bool
 

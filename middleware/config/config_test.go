@@ -1033,11 +1033,11 @@ rules:
 `
 	cfg := mustParse(t, src, testEnv())
 	var shadowed atomic.Int64
-	lim, _ := limiter(t, cfg, middleware.WithOnDecision(func(_ keyfunc.Request, res middleware.Result) {
+	lim, _ := limiter(t, cfg, middleware.WithObserver(&middleware.Hooks{OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
 		if res.Shadowed {
 			shadowed.Add(1)
 		}
-	}))
+	}}))
 	h := lim.Handler(okHandler)
 	admitted := func(n int, mk func() *http.Request) int {
 		ok := 0
