@@ -61,6 +61,7 @@ var (
 	rate     = flag.Int("rate", 10000, "calls a second of the fixed-rate measurement")
 	conns    = flag.Int("conns", 4, "gRPC connections of the load generator")
 	only     = flag.String("only", "", "measure only this server: sluice-rls, ratelimit or ratelimit-window")
+	extra    = flag.String("sluice-args", "", "more arguments of sluice-rls, space-separated (-pprof -http-addr 127.0.0.1:6070, say)")
 )
 
 func main() {
@@ -128,8 +129,9 @@ func run() error {
 	}
 	servers := []server{
 		{"sluice-rls", func(port int) *exec.Cmd {
-			return exec.Command(filepath.Join(dir, "sluice-rls"), "-config", cfgPath, "-redis", redisAddr,
-				"-grpc-addr", "127.0.0.1:"+strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s")
+			args := []string{"-config", cfgPath, "-redis", redisAddr,
+				"-grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s"}
+			return exec.Command(filepath.Join(dir, "sluice-rls"), append(args, strings.Fields(*extra)...)...)
 		}},
 		// Its defaults: each call's commands written at once on a pooled
 		// connection (REDIS_POOL_SIZE 10).
