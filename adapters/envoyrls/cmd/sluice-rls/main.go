@@ -163,7 +163,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 	}
 
 	opts := []middleware.Option{middleware.WithStore(store), middleware.WithFailurePolicy(policy),
-		middleware.WithObserver(metrics), middleware.WithLogger(log)}
+		middleware.WithObserver(metrics), middleware.WithObserver(middleware.NewLogObserver(log))}
 	if f.shadow {
 		opts = append(opts, middleware.WithShadowMode())
 	}
