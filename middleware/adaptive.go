@@ -130,6 +130,9 @@ type overloadHold struct {
 	signal *controller
 	// priority is the request's, when an adaptive rule applied.
 	priority Priority
+	// shadow names a shadow adaptive rule (or any, in shadow mode) that
+	// would have refused the request.
+	shadow string
 }
 
 // bindOverload gives each adaptive rule of set its controller, keeping
@@ -243,6 +246,13 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 		c.advance(now)
 		limit, inflight := c.g.Limit(), c.g.InFlight()
 		ok := c.shed.Admit(now, p.shedClass(), inflight, limit, c.hard)
+		if !ok && (rule.Shadow || l.cfg.shadow) {
+			// Reported, never refused: the request runs and counts.
+			ok = true
+			if oh.shadow == "" {
+				oh.shadow = rule.Name
+			}
+		}
 		if ok {
 			c.g.Start(now)
 		}
@@ -295,6 +305,12 @@ func (l *Limiter) settleOverload(oh *overloadHold, s *scratch, res *Result) {
 	res.Elastic = s.elUsed && res.Allowed
 	if len(s.adaptive) > 0 {
 		res.Priority = oh.priority
+	}
+	if oh.shadow != "" && res.Allowed && !res.Shadowed {
+		res.Shadowed, res.ShadowPolicy = true, oh.shadow
+		if res.Outcome == OutcomeAllowed || res.Outcome == OutcomeUnlimited {
+			res.Outcome = OutcomeShadowDenied
+		}
 	}
 	if !res.Allowed || res.Outcome == OutcomeGaveUp {
 		oh.signal = nil

@@ -313,3 +313,41 @@ func TestParsePriority(t *testing.T) {
 		t.Error("ParsePriority(urgent): no error")
 	}
 }
+
+// TestAdaptiveConcurrencyShadow: a shadow adaptive rule, or any in shadow
+// mode, reports the requests it would have shed and refuses none.
+func TestAdaptiveConcurrencyShadow(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		rule middleware.Rule
+		opts []middleware.Option
+	}{
+		"shadow rule": {middleware.Rule{Name: "api", Shadow: true, AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}, nil},
+		"shadow mode": {middleware.Rule{Name: "api", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}, []middleware.Option{middleware.WithShadowMode()}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lim, err := middleware.NewRules([]middleware.Rule{tc.rule}, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			first, err := lim.Decide(reqTo("/a"))
+			if err != nil || !first.Allowed || first.Shadowed {
+				t.Fatalf("first: %+v %v", first, err)
+			}
+			second, err := lim.Decide(reqTo("/a"))
+			if err != nil || !second.Allowed || !second.Shadowed || second.ShadowPolicy != "api" || second.Outcome != middleware.OutcomeShadowDenied {
+				t.Fatalf("second: %+v %v", second, err)
+			}
+			if got := lim.Capacity().Rules["api"].InFlight; got != 2 {
+				t.Errorf("in flight %d, want 2", got)
+			}
+			first.Done()
+			second.Done()
+			if got := lim.Capacity().Rules["api"].InFlight; got != 0 {
+				t.Errorf("in flight %d after Done, want 0", got)
+			}
+		})
+	}
+}

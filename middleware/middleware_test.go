@@ -285,11 +285,11 @@ func TestFailurePolicies(t *testing.T) {
 			opts := append([]middleware.Option{
 				middleware.WithStore(store),
 				middleware.WithClock(newClock(t0).Now),
-				middleware.WithOnError(func(_ keyfunc.Request, err error) {
+				middleware.WithObserver(&middleware.Hooks{OnStoreFailed: func(_ keyfunc.Request, err error) {
 					mu.Lock()
 					hooked = append(hooked, err)
 					mu.Unlock()
-				}),
+				}}),
 			}, tt.opts...)
 			h := newLimiter(t, middleware.PerMinute(2), keyfunc.RemoteIP(), opts...).Handler(ok)
 			for i, want := range tt.want {

@@ -248,6 +248,30 @@ type Decision struct {
 // make the two stores of this package; both implement every Algorithm
 // with the same arithmetic, so that one can replace the other without
 // changing what clients see. A Store is safe for concurrent use.
+//
+// A store may implement more than Take. A Limiter looks for these
+// interfaces on the stores given to WithStore and WithFallbackStore, never
+// for concrete types, so a store that wraps another (to add tracing, say)
+// keeps the Limiter's behaviour if it forwards them (a struct that embeds
+// *RedisStore or *MemoryStore forwards them all):
+//
+//   - SlotStore: concurrency limits (Rule.Concurrency).
+//   - Returner: giving back the turn of a request that left a leaky
+//     bucket's queue early.
+//   - Resetter: Limiter.Reset.
+//   - TraitsReporter: how the Limiter should use the store (deny cache,
+//     circuit breaker, lease renewal).
+//   - ObservableStore: the store's own events (its servers' health, its
+//     batches), which reach the Limiter's Observers.
+//   - MemoryReporter: the counters of Limiter.Stats.
+//
+// (Elastic limits share the fleet's spare capacity through an unexported
+// method of RedisStore, which only embedding forwards.)
+//
+// Whoever makes a store closes it: a store given to WithStore or
+// WithFallbackStore is the caller's to close, after the Limiters that use
+// it; the stores a Limiter makes itself (the default in-memory store, and
+// FailLocal's default fallback) are closed by Limiter.Close.
 type Store interface {
 	// Take decides charges at one instant, all or nothing: the request is
 	// admitted only if every charge fits its limit, and only then is each

@@ -235,8 +235,7 @@ type Metrics struct {
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
+	_ middleware.Observer = (*Metrics)(nil)
 )
 
 // New returns a Metrics that records through a Meter of mp named
@@ -452,8 +451,12 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // StoreBatch records the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) {
 	m.batchSize.Record(context.Background(), int64(n), m.baseRecord...)
 }

@@ -196,9 +196,8 @@ type Metrics struct {
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
-	_ prometheus.Collector     = (*Metrics)(nil)
+	_ middleware.Observer  = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
 )
 
 // New returns a Metrics and registers it with reg, unless reg is nil (the
@@ -346,6 +345,10 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // ObserveSourceStatus sets the rules source's gauges from st: use it as
 // config.SourceOptions.OnStatus (or call it from yours).
 func (m *Metrics) ObserveSourceStatus(st config.Status) {
@@ -356,7 +359,7 @@ func (m *Metrics) ObserveSourceStatus(st config.Status) {
 }
 
 // StoreBatch observes the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
 
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
