@@ -1,13 +1,3 @@
-// Package middleware rate-limits HTTP handlers with a sliding-window
-// counter.
-//
-// A Limiter holds rules (who is counted, how much they may do), a Store that
-// counts (in memory by default, or Redis for many app servers), and how to
-// answer: headers, the 429 response, and what to do when the store fails.
-// Handler wraps a net/http handler; Decide is the framework-neutral call
-// that the Gin, Echo and Fiber adapters use.
-//
-// A Limiter is safe for concurrent use.
 package middleware
 
 import (
@@ -343,14 +333,83 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 	return err
 }
 
-// decide decides r into res, which must be zero.
+// decide decides r into res, which must be zero. It runs the steps of a
+// decision in order; each step either leaves the decision to the next or
+// ends it, with res written.
 func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
 
+	matched, err := l.matchRules(set, r, s, res)
+	if err != nil {
+		return err
+	}
+	if s.blocked != nil {
+		l.denyRule(s.blocked, res)
+		return nil
+	}
+	oh, shed := l.admitOverload(r, s, res)
+	if shed {
+		return nil
+	}
+	defer l.settleOverload(oh, s, res)
+	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
+		l.unlimited(matched, s, res)
+		return nil
+	}
+	ctx := r.Context()
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	s.counting, s.banning = set.counting, set.banning || l.clients.overrides.n.Load() > 0
+	if s.banning && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Banned, res.Outcome = true, OutcomeDenied
+		return nil
+	}
+	res.Allowed = true // res is zero
+	var d decision
+	if len(s.slots) > 0 {
+		if done, err := l.takeSlots(ctx, now, r, s, res, &d); done {
+			return err
+		}
+	}
+	if len(s.charges) > 0 {
+		if done, err := l.charge(ctx, now, r, s, res, &d); done {
+			return err
+		}
+	}
+	if res.Delay > 0 && !l.cfg.shadow {
+		if err := l.waitTurn(ctx, now, r, s, res, &d); err != nil {
+			return err
+		}
+	}
+	if len(s.shadow) > 0 && res.Allowed {
+		l.chargeShadow(ctx, now, r, s, res)
+	}
+	l.outcome(s, res, &d)
+	return nil
+}
+
+// decision is what the steps of decide hand on to each other beyond the
+// Result.
+type decision struct {
+	// hold is the concurrency slots the request took, nil if none.
+	hold *hold
+	// slotShadowed reports that a shadow concurrency limit had no free
+	// slot.
+	slotShadowed bool
+}
+
+// matchRules is the first step of decide: it finds the rules that apply
+// to r and adds their charges, slots and Deny rules to s. It reports
+// whether any rule matched (skipped or not). A rule whose key or limits
+// cannot be computed ends the decision with its error, and res names the
+// rule.
+func (l *Limiter) matchRules(set *ruleSet, r keyfunc.Request, s *scratch, res *Result) (matched bool, err error) {
 	method, p := r.Method(), ""
-	matched := false
 	for _, rule := range set.rules {
 		if !rule.match.all || rule.methods != 0 || len(rule.other) > 0 {
 			if p == "" {
@@ -375,123 +434,131 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 				continue
 			}
 			*res = Result{Rule: rule.Name}
-			return err
+			return matched, err
 		}
 	}
-	if b := s.blocked; b != nil {
-		// A Deny rule: nothing is charged, and no slot was taken yet.
-		*res = Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
-		if l.cfg.shadow {
-			res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
-		}
-		return nil
+	return matched, nil
+}
+
+// denyRule decides a request that a Deny rule b turns away: nothing is
+// charged, and no slot was taken yet.
+func (l *Limiter) denyRule(b *compiledRule, res *Result) {
+	*res = Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
+	if l.cfg.shadow {
+		res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
 	}
-	oh, shed := l.admitOverload(r, s, res)
-	if shed {
-		return nil
-	}
-	defer l.settleOverload(oh, s, res)
-	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
-		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
-			*res = l.unmatchedResult()
-			return nil
-		}
-		if s.shadowBlocked != nil {
-			*res = Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}
-			return nil
-		}
+}
+
+// unlimited decides a request that no limit applies to: unmatched (and
+// denied if the limiter denies such requests), or allowed.
+func (l *Limiter) unlimited(matched bool, s *scratch, res *Result) {
+	switch {
+	case !matched && l.unmatched.Load() == uint32(UnmatchedDeny):
+		*res = l.unmatchedResult()
+	case s.shadowBlocked != nil:
+		*res = Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}
+	default:
 		*res = Result{Allowed: true, Outcome: OutcomeUnlimited}
-		return nil
 	}
-	ctx := r.Context()
-	var now time.Time
-	if l.cfg.clock != nil {
-		now = l.cfg.clock()
+}
+
+// takeSlots takes a slot of every concurrency limit of the request,
+// before any rate limit: a request a concurrency limit turns away is
+// charged to no rate limit. It reports done when that ends the decision:
+// a denial, or a store failure under FailClosed (err).
+func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
+	h, denied, shadowed, err := l.acquire(ctx, now, r, s.slots)
+	if err != nil {
+		*res = Result{}
+		return true, err
 	}
-	if (set.banning || l.clients.overrides.n.Load() > 0) && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
-		s.result(res, false, s.charges, s.decisions, s.metas)
-		res.Banned, res.Outcome = true, OutcomeDenied
-		return nil
+	if denied != nil {
+		denied.Outcome = OutcomeDenied
+		*res = *denied
+		return true, nil
 	}
-	res.Allowed = true // res is zero
-	var h *hold
-	slotShadowed := false
-	if len(s.slots) > 0 {
-		// Slots first: a request a concurrency limit turns away is
-		// charged to no rate limit.
-		var denied *Result
-		var err error
-		h, denied, slotShadowed, err = l.acquire(ctx, now, r, s.slots)
-		if err != nil {
-			*res = Result{}
-			return err
+	d.hold, d.slotShadowed = h, shadowed
+	return false, nil
+}
+
+// charge asks the store to decide the request's charges and folds its
+// decisions into res. When the store fails, the failure policy decides;
+// charge reports done when that ends the decision (the request failed
+// open, or could not be decided: err).
+func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
+	s.decisions = grow(s.decisions, len(s.charges))
+	if s.counting != nil {
+		s.atp = &s.at
+	}
+	allowed, err := l.takeElastic(ctx, now, s)
+	if err == nil {
+		if !allowed && s.banning && !l.cfg.shadow {
+			res.Banned = l.startBans(ctx, now, r, s)
 		}
-		if denied != nil {
-			denied.Outcome = OutcomeDenied
-			*res = *denied
-			return nil
-		}
+		s.result(res, allowed, s.charges, s.decisions, s.metas)
+		return false, nil
 	}
-	if len(s.charges) > 0 {
-		s.decisions = grow(s.decisions, len(s.charges))
-		if set.counting != nil {
-			s.atp = &s.at
-		}
-		allowed, err := l.takeElastic(ctx, now, s)
-		if err != nil {
-			*res, err = l.storeFailed(ctx, now, r, s, err)
-			if err != nil || !res.Applied {
-				if err != nil || !res.Allowed {
-					h.releaseNow()
-				} else {
-					res.hold = h
-				}
-				res.Shadowed = res.Shadowed || slotShadowed
-				return err
-			}
-		} else {
-			if !allowed && (set.banning || l.clients.overrides.n.Load() > 0) && !l.cfg.shadow {
-				res.Banned = l.startBans(ctx, now, r, s)
-			}
-			s.result(res, allowed, s.charges, s.decisions, s.metas)
-		}
+	*res, err = l.storeFailed(ctx, now, r, s, err)
+	if err == nil && res.Applied {
+		return false, nil // the local fallback decided
 	}
-	if res.Delay > 0 && !l.cfg.shadow {
-		if err := l.wait(ctx, now, r, s, res); err != nil {
-			h.releaseNow()
-			res.Outcome = OutcomeGaveUp
-			return err
-		}
+	if err != nil || !res.Allowed {
+		d.hold.releaseNow()
+	} else {
+		res.hold = d.hold
 	}
-	// A request the enforced rules deny is charged to no rule, shadow
-	// rules included.
-	if len(s.shadow) > 0 && res.Allowed {
-		s.shadowDec = grow(s.shadowDec, len(s.shadow))
-		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
-		if err != nil {
-			l.cfg.report(r, err)
-		} else if !allowed {
-			var shadow Result
-			s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
-			res.Shadowed = true
-			res.ShadowPolicy = shadow.Policy
-		}
+	res.Shadowed = res.Shadowed || d.slotShadowed
+	return true, err
+}
+
+// waitTurn holds a request that a leaky bucket admitted with a Delay until
+// its turn. A client that goes away first ends the decision (OutcomeGaveUp)
+// with the error.
+func (l *Limiter) waitTurn(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) error {
+	if err := l.wait(ctx, now, r, s, res); err != nil {
+		d.hold.releaseNow()
+		res.Outcome = OutcomeGaveUp
+		return err
 	}
+	return nil
+}
+
+// chargeShadow charges an allowed request to the shadow rules, which
+// deny nothing: res only notes that one would have denied (Shadowed). A
+// request the enforced rules deny is charged to no rule, shadow rules
+// included.
+func (l *Limiter) chargeShadow(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result) {
+	s.shadowDec = grow(s.shadowDec, len(s.shadow))
+	allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
+	if err != nil {
+		l.cfg.report(r, err)
+	} else if !allowed {
+		var shadow Result
+		s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
+		res.Shadowed = true
+		res.ShadowPolicy = shadow.Policy
+	}
+}
+
+// outcome is the last step of decide: shadow mode lets a denied request
+// through, the request keeps its concurrency slots if it proceeds (and
+// gives them back if not), and res gets its Outcome.
+func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	if l.cfg.shadow && !res.Allowed {
 		res.Allowed, res.Shadowed = true, true
 		res.RetryAfter = 0
 	}
-	res.Shadowed = res.Shadowed || slotShadowed
+	res.Shadowed = res.Shadowed || d.slotShadowed
 	if s.shadowBlocked != nil && res.Allowed && !res.Shadowed {
 		res.Shadowed, res.ShadowPolicy = true, s.shadowBlocked.Name
 	}
 	if res.Allowed {
-		res.hold = h
-		if set.counting != nil && !s.at.IsZero() {
-			res.settle = l.settlementFor(set.counting, s.store, s.at, s.charges)
+		res.hold = d.hold
+		if s.counting != nil && !s.at.IsZero() {
+			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges)
 		}
 	} else {
-		h.releaseNow()
+		d.hold.releaseNow()
 	}
 	if res.Outcome == 0 {
 		switch {
@@ -503,7 +570,6 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 			res.Outcome = OutcomeAllowed
 		}
 	}
-	return nil
 }
 
 // take asks the store to decide charges at now. takeAt is take for
@@ -793,6 +859,11 @@ type scratch struct {
 	at    time.Time
 	atp   *time.Time
 	store Store
+	// counting are the rules that count by outcome, and banning is set
+	// when a limit may ban (or an override applies): the ruleSet's, for
+	// the steps of decide.
+	counting countingRules
+	banning  bool
 	overloadScratch
 }
 
@@ -821,7 +892,7 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
-	s.at, s.atp, s.store = time.Time{}, nil, nil
+	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
 	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]

@@ -7,13 +7,12 @@ import (
 	"net/http"
 	"net/netip"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -149,8 +148,6 @@ type Rule struct {
 	Priority Priority
 }
 
-var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-
 // compiledRule is a validated Rule with everything constant precomputed.
 type compiledRule struct {
 	Rule
@@ -184,8 +181,8 @@ var knownMethods = [...]string{
 }
 
 func compileRule(r Rule) (*compiledRule, error) {
-	if !ruleNameRE.MatchString(r.Name) {
-		return nil, fmt.Errorf("rule %q: name must match [A-Za-z0-9_.-]{1,64}", r.Name)
+	if !rulename.Valid(r.Name) {
+		return nil, fmt.Errorf("rule %q: name must match %s", r.Name, rulename.Pattern)
 	}
 	errorf := func(format string, args ...any) error {
 		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
@@ -329,21 +326,9 @@ func policyName(rule string, l Limit, n int) string {
 	return rule + "-" + windowName(l)
 }
 
-// windowName names a limit's window: "1s", "1h", "calendar_day".
-func windowName(l Limit) string {
-	if l.Period != NoPeriod {
-		return l.Period.String()
-	}
-	return formatWindow(l.Window)
-}
-
-func formatWindow(d time.Duration) string {
-	s := d.String()
-	for _, suf := range [...]string{"m0s", "h0m"} {
-		s = strings.Replace(s, suf, string(suf[0]), 1)
-	}
-	return s
-}
+// windowName names a limit's window as the rules file spells it: "1s",
+// "1h", "1d", "calendar_day".
+func windowName(l Limit) string { return l.internal().WindowName() }
 
 // allowed reports whether key is on the rule's allowlist.
 func (c *compiledRule) allowed(key string) bool {

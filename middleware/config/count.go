@@ -92,7 +92,7 @@ func (d *decoder) ban(n *yaml.Node, path string) time.Duration {
 		return 0
 	}
 	if w <= 0 || w%time.Millisecond != 0 || w > 3660*24*time.Hour {
-		d.errorf(n, path, "%s: want a duration from 1ms to 3660 days, such as 1h", formatDuration(w))
+		d.errorf(n, path, "%s: want a duration from 1ms to 3660 days, such as 1h", w)
 		return 0
 	}
 	return w
