@@ -125,8 +125,7 @@ type overload struct {
 // given back, with its latency, by Result.Done.
 type overloadHold struct {
 	began  time.Time
-	ctrls  [4]*controller
-	n      int
+	ctrls  []*controller // of the adaptive rules whose places it holds
 	signal *controller
 	// priority is the request's, when an adaptive rule applied.
 	priority Priority
@@ -240,7 +239,7 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 	oh.priority = p
 	var events [4]CapacityEvent
 	nev := 0
-	for i, rule := range s.adaptive {
+	for _, rule := range s.adaptive {
 		c := rule.ctrl
 		c.mu.Lock()
 		c.advance(now)
@@ -283,9 +282,7 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 			}
 			return nil, true
 		}
-		if i < len(oh.ctrls) {
-			oh.ctrls[i], oh.n = c, i+1
-		}
+		oh.ctrls = append(oh.ctrls, c)
 	}
 	for _, o := range l.cfg.observers {
 		for _, e := range events[:nev] {
@@ -341,7 +338,7 @@ func (l *Limiter) settleOverload(oh *overloadHold, s *scratch, res *Result) {
 func (oh *overloadHold) end(now time.Time, sample bool) []CapacityEvent {
 	var evs []CapacityEvent
 	lat := now.Sub(oh.began)
-	for _, c := range append(oh.ctrls[:oh.n:oh.n], oh.signal) {
+	for _, c := range append(oh.ctrls[:len(oh.ctrls):len(oh.ctrls)], oh.signal) {
 		if c == nil {
 			continue
 		}

@@ -351,3 +351,35 @@ func TestAdaptiveConcurrencyShadow(t *testing.T) {
 		})
 	}
 }
+
+// TestAdaptiveConcurrencyManyRules: a request under six adaptive rules
+// takes a place under each and gives every one back.
+func TestAdaptiveConcurrencyManyRules(t *testing.T) {
+	t.Parallel()
+	var rules []middleware.Rule
+	for i := range 6 {
+		rules = append(rules, middleware.Rule{Name: "a" + string(rune('0'+i)), AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}})
+	}
+	lim, err := middleware.NewRules(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	for range 3 {
+		res, err := lim.Decide(reqTo("/"))
+		if err != nil || !res.Allowed {
+			t.Fatalf("%+v %v", res, err)
+		}
+		for name, c := range lim.Capacity().Rules {
+			if c.InFlight != 1 {
+				t.Fatalf("%s: %d in flight, want 1", name, c.InFlight)
+			}
+		}
+		res.Done()
+		for name, c := range lim.Capacity().Rules {
+			if c.InFlight != 0 {
+				t.Fatalf("%s: %d in flight after Done, want 0", name, c.InFlight)
+			}
+		}
+	}
+}
