@@ -11,8 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/headerwrite"
-	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
 )
