@@ -97,7 +97,10 @@ type slotRequest struct {
 }
 
 // Done gives back the concurrency slots the request holds (see
-// Rule.Concurrency). Front ends call it once the handler has returned,
+// Rule.Concurrency) and its places under adaptive concurrency limits, and
+// reports its latency to the capacity signals (Rule.AdaptiveConcurrency,
+// Limit.Ceiling), which count it in flight until then. Front ends call it
+// once the handler has returned,
 // whether it returned normally, panicked or saw its client go away;
 // Handler and the Gin, Echo and Fiber adapters do. It is safe to call on
 // any Result, more than once, and from any goroutine: slots are given back

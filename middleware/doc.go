@@ -18,9 +18,9 @@
 //
 // A rule may also bound how many of a key's requests are in flight at once
 // (Rule.Concurrency), refuse requests outright (Rule.Deny), or only report
-// what it would have denied (Rule.Shadow). Observers (WithObserver,
-// WithLogger) see every decision, store call and change of the store's
-// health.
+// what it would have denied (Rule.Shadow). Observers (WithObserver: the
+// metrics modules, NewLogObserver, Hooks) see every decision, store call
+// and change of the store's health.
 //
 // A Limiter is safe for concurrent use.
 package middleware

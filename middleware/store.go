@@ -135,8 +135,7 @@ func (l Limit) Span() time.Duration { return l.internal().Span() }
 
 // Algorithm is how a Limit counts requests. Every store implements every
 // algorithm with the same arithmetic, so that stores can be swapped
-// without changing what clients see. The README's "Choosing an algorithm"
-// compares them.
+// without changing what clients see. docs/algorithms.md compares them.
 type Algorithm uint8
 
 // The algorithms.

@@ -272,6 +272,9 @@ func TestStream(t *testing.T) {
 			if err != nil {
 				t.Fatalf("stream 1: %v", err)
 			}
+			if hdr, err := s1.Header(); err != nil || len(hdr.Get("ratelimit")) != 1 || hdr.Get("ratelimit")[0] != `"streams";r=2;t=20` {
+				t.Errorf("stream 1: header %v, %v; want ratelimit \"streams\";r=2;t=20", hdr, err)
+			}
 			s2, err := open()
 			if err != nil {
 				t.Fatalf("stream 2: %v", err)

@@ -31,9 +31,9 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -241,6 +241,10 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			allow = d.allow(v, fpath)
 		case "plans":
 			plansNode = v
+		case "adaptive_concurrency": // overload.go
+			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
+		case "priority":
+			r.Priority, _ = d.priority(v, fpath)
 		}
 	})
 	if limitsNode != nil {
@@ -255,10 +259,10 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	if nameNode == nil && d.ok(start) {
 		d.errorf(n, path+".name", "required")
 	}
-	if keyNode == nil && d.ok(start) {
+	if keyNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".key", "required")
 	}
-	if limitsNode == nil && concNode == nil && d.ok(start) {
+	if limitsNode == nil && concNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit")
 	}
 	if plansNode != nil && limitsNode == nil && d.ok(start) {
@@ -273,6 +277,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	r.Limits = limits
 
 	// Checks that span fields.
+	d.checkOverload(&r, overageNode, path)
 	d.checkLimits(limits, limitsNode, path+".limits", r.Cost, costNode, r.Overage, overageNode, path)
 	for _, name := range sortedKeys(plans) {
 		d.checkLimits(plans[name], plansNode, path+".plans."+name, r.Cost, costNode, r.Overage, overageNode, path)
@@ -476,7 +481,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		}
 		start := d.nerrs
 		l := middleware.Limit{Algorithm: defaults.algorithm}
-		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode *yaml.Node
+		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode, ceilNode *yaml.Node
 		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
 			fpath := ipath + "." + field
 			switch field {
@@ -529,6 +534,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 					}
 					l.MaxLog, logNode = m, v
 				}
+			case "ceiling": // overload.go
+				if c, ok := d.ceiling(v, fpath); ok {
+					l.Ceiling, ceilNode = c, v
+				}
 			}
 		})
 		if reqNode == nil && d.ok(start) {
@@ -562,6 +571,9 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 			} else {
 				d.errorf(ln, ipath, "%v", err)
 			}
+			continue
+		}
+		if !d.checkCeiling(l, ceilNode, ipath) {
 			continue
 		}
 		w := windowName(l)

@@ -24,14 +24,14 @@
 //
 // Open loads a file, builds a Limiter and returns a Reloader; Load and
 // Parse only read a file or a document into a Document, and NewReloader
-// keeps a Limiter built from such a Document in step with its file. A Reloader re-reads its file
-// on request (Reload, say on SIGHUP) or when it changes (Check, Watch), and
-// swaps the rules of its Limiter with middleware.Limiter.SetRules: requests
-// in flight finish under the rules they started with, and counters of rules
-// whose name and windows did not change carry on. A document that does not
-// load leaves the rules in force and is reported. Only rules are reloaded:
-// headers is a construction-time setting of the Limiter, and a reload that
-// changes it is rejected.
+// keeps a Limiter built from such a Document in step with its file. A
+// Reloader re-reads its file on request (Reload, say on SIGHUP) or when it
+// changes (Check, Watch), and swaps the rules of its Limiter with
+// middleware.Limiter.SetRules: requests in flight finish under the rules
+// they started with, and counters of rules whose name and windows did not
+// change carry on. A document that does not load leaves the rules in force
+// and is reported. Only rules are reloaded: headers is a construction-time
+// setting of the Limiter, and a reload that changes it is rejected.
 //
 // OpenSource reads the rules from a Source instead (HTTPSource, RedisSource
 // or FileSource) and keeps them in step, with SourceOptions for the poll

@@ -50,6 +50,7 @@ func FuzzParse(f *testing.F) {
 		"rules: &r [*r]",
 		"rules:\n  - name: a\n   key: ip\n",
 		"rules: [{name: a, key: \"header:X-Tenant+method\", match: {path: /a/*/b}, limits: [{requests: 9007199254740, window: 125ms}]}]",
+		"rules: [{name: a, key: ip, priority: high, limits: [{requests: 2, window: 1s, ceiling: 5}]}, {name: b, adaptive_concurrency: {min: 1, max: 3}}]",
 	} {
 		f.Add([]byte(s))
 	}

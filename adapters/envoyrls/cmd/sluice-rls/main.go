@@ -36,8 +36,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -81,6 +83,7 @@ type flags struct {
 	timeout, poll      time.Duration
 	shadow             bool
 	cacheDir           string
+	pprof              bool
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -97,6 +100,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.DurationVar(&f.poll, "poll", 5*time.Second, "how often descriptor files and URLs are checked for changes")
 	fs.BoolVar(&f.shadow, "shadow", false, "shadow mode: count and report, never answer OVER_LIMIT")
 	fs.StringVar(&f.cacheDir, "cache-dir", "", "directory where the last good document of each URL or Redis source is kept, to start from during an outage of the source")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the HTTP listener")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -189,7 +193,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		return err
 	}
 
-	g := grpc.NewServer()
+	// Workers that live on serve the calls: a goroutine per call would
+	// grow its stack anew each time.
+	g := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	srv.Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
@@ -210,6 +216,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		if f.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		hlis, err := net.Listen("tcp", f.httpAddr)
 		if err != nil {
 			return err
