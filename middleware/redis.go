@@ -80,8 +80,8 @@ type RedisConfig struct {
 // of each batch, to its Observers (see ObservableStore): a Limiter adds its
 // own in New and removes them in Close.
 //
-// The store runs goroutines of its own (one per server with decisions in
-// flight, and probes of servers that are down). Whoever makes a store
+// The store runs goroutines of its own (workers for each server it has
+// sent decisions to, and probes of servers that are down). Whoever makes a store
 // closes it: call Close once the Limiters that use it are closed. Closing
 // the store does not close client.
 func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) {

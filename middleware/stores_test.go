@@ -207,3 +207,32 @@ func TestObservedDecideAllocs(t *testing.T) {
 		t.Errorf("the observer saw %d decisions, want at least 200", n.Load())
 	}
 }
+
+// TestCloseConcurrent: Close may be called from several goroutines at
+// once, and again later; each call returns nil once the first has closed
+// the limiter's own stores (the race detector checks the rest).
+func TestCloseConcurrent(t *testing.T) {
+	t.Parallel()
+	lim, err := middleware.New(middleware.PerMinute(10), keyfunc.RemoteIP(), middleware.WithFailurePolicy(middleware.FailLocal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = lim.Close()
+		}()
+	}
+	wg.Wait()
+	for i, err := range append(errs, lim.Close()) {
+		if err != nil {
+			t.Errorf("Close %d: %v", i, err)
+		}
+	}
+	if _, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1"))); err != nil {
+		t.Errorf("Decide after Close: %v (the in-memory stores still count)", err)
+	}
+}
