@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -383,3 +384,37 @@ func TestAdaptiveConcurrencyManyRules(t *testing.T) {
 		}
 	}
 }
+
+// TestLogObserverShed: shedding is logged at Warn, once a second per rule.
+func TestLogObserverShed(t *testing.T) {
+	t.Parallel()
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	lim, err := middleware.NewRules([]middleware.Rule{{Name: "api", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}},
+		middleware.WithObserver(middleware.NewLogObserver(log)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	held, _ := lim.Decide(reqTo("/"))
+	for range 3 {
+		if res, _ := lim.Decide(reqTo("/")); res.Allowed {
+			t.Fatal("admitted over the limit")
+		}
+	}
+	held.Done()
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(buf.String(), "sluice: shedding load"); n != 1 || !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "priority=normal") {
+		t.Errorf("logged %d times:\n%s", n, buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

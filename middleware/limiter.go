@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/headerwrite"
+	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -296,7 +298,7 @@ type Result struct {
 	key      string      // the binding limit's key, for hashed logs
 	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
-	prepared *headers.Prepared
+	prepared *headerwrite.Prepared
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -411,9 +413,9 @@ type decision struct {
 func (l *Limiter) matchRules(set *ruleSet, r keyfunc.Request, s *scratch, res *Result) (matched bool, err error) {
 	method, p := r.Method(), ""
 	for _, rule := range set.rules {
-		if !rule.match.all || rule.methods != 0 || len(rule.other) > 0 {
+		if !rule.match.All || rule.methods != 0 || len(rule.other) > 0 {
 			if p == "" {
-				p = cleanPath(r.Path())
+				p = pathmatch.Clean(r.Path())
 			}
 			if !rule.matches(method, p) {
 				continue
@@ -778,7 +780,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 	if !res.Applied || l.cfg.style == headers.None && res.Allowed {
 		return
 	}
-	v := headers.Values{
+	v := headerwrite.Values{
 		Name:       res.Policy,
 		Limit:      res.Limit.Capacity(),
 		Remaining:  res.Remaining,
@@ -786,12 +788,11 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		Next:       res.NextAfter,
 		RetryAfter: res.RetryAfter,
 		Policy:     res.policies,
-		Prepared:   res.prepared,
 	}
 	if res.Allowed {
 		v.RetryAfter = 0
 	}
-	headers.Write(s, l.cfg.style, &v)
+	headerwrite.Write(s, headerwrite.Style(l.cfg.style), &v, res.prepared)
 }
 
 // Handler returns middleware that rate-limits next: requests within their
@@ -873,7 +874,7 @@ type chargeMeta struct {
 	name     string
 	nominal  *Limit // the rule's own, never written to
 	policy   string
-	prepared *headers.Prepared // nil for a LimitsFunc's limits
+	prepared *headerwrite.Prepared // nil for a LimitsFunc's limits
 }
 
 var scratchPool = sync.Pool{New: func() any {

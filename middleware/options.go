@@ -187,7 +187,7 @@ func sameStore(a, b Store) bool {
 
 // DefaultDenyCacheSize is the number of denials a Limiter remembers by
 // default when its store is not in this process's memory.
-const DefaultDenyCacheSize = denycache.DefaultMaxEntries
+const DefaultDenyCacheSize = 65536
 
 // WithDenyCache sets how many store denials the limiter remembers, so that
 // a client that keeps knocking while it is limited is turned away without

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
@@ -345,7 +346,7 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string, 
 			if !ok {
 				return
 			}
-			if err := middleware.ValidatePath(s); err != nil {
+			if _, err := pathmatch.Compile(s); err != nil {
 				d.errorf(v, fpath, "%v", err)
 				return
 			}

@@ -8,7 +8,10 @@
 // It builds both servers, starts a redis-server (persistence off) on a
 // free loopback port and the servers beside it: sluice-rls, and
 // envoyproxy/ratelimit twice, with its defaults and with the write
-// buffering its README advises for high throughput (-only keeps one).
+// buffering its README advises for high throughput (-only keeps one),
+// and the floor: a gRPC server of this program that answers every call
+// with a constant response, the most any server could do on the machine
+// with this load generator.
 // Then, for calls of one descriptor and of three, it measures calls per
 // second and latency (p50, p99) with 1, 16 and 64 calls in flight, then
 // the latency of calls sent at a fixed rate (-rate, 10,000 a second by
@@ -66,11 +69,19 @@ var (
 	conns    = flag.Int("conns", 4, "gRPC connections of the load generator")
 	only     = flag.String("only", "", "measure sluice-rls beside this server only: ratelimit or ratelimit-window")
 	rounds   = flag.Int("rounds", 4, "slices each server gets of each measurement, alternating")
+	floor    = flag.String("serve-floor", "", "serve the floor (a constant answer) on this address, and nothing else")
 	extra    = flag.String("sluice-args", "", "more arguments of sluice-rls, space-separated (-pprof -http-addr 127.0.0.1:6070, say)")
 )
 
 func main() {
 	flag.Parse()
+	if *floor != "" {
+		if err := serveFloor(*floor); err != nil {
+			fmt.Fprintln(os.Stderr, "rlsbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
@@ -132,7 +143,16 @@ func run() error {
 			return c
 		}
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	servers := []server{
+		// The floor: a gRPC server that answers every call with a
+		// constant response, without deciding anything.
+		{"floor", func(port int) *exec.Cmd {
+			return exec.Command(self, "-serve-floor", "127.0.0.1:"+strconv.Itoa(port))
+		}},
 		{"sluice-rls", func(port int) *exec.Cmd {
 			args := []string{"-config", cfgPath, "-redis", redisAddr,
 				"-grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s"}
@@ -147,7 +167,7 @@ func run() error {
 	fmt.Printf("redis-server %s; each server a process of its own, all running, measured in alternating slices\n\n", redisVersion())
 	var ts []*target
 	for _, s := range servers {
-		if *only != "" && s.name != *only && s.name != "sluice-rls" {
+		if *only != "" && s.name != *only && s.name != "sluice-rls" && s.name != "floor" {
 			continue
 		}
 		t, stop, err := start(s.name, s.cmd)
@@ -397,4 +417,32 @@ func redisVersion() string {
 		}
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// floorServer answers every call OK with one status per descriptor and a
+// current_limit, as a server that decided would, without deciding.
+type floorServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (floorServer) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	for range req.Descriptors {
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:           rlsv3.RateLimitResponse_OK,
+			CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 100000000, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND},
+			LimitRemaining: 99999999,
+		})
+	}
+	return resp, nil
+}
+
+func serveFloor(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, floorServer{})
+	return g.Serve(lis)
 }
