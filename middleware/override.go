@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/redisstore"
 )
 
@@ -106,7 +107,7 @@ type compiledLimits struct {
 	nominal  []Limit
 	names    []string
 	policy   string
-	prepared []*headers.Prepared
+	prepared []*headerwrite.Prepared
 	err      error
 }
 
@@ -156,7 +157,7 @@ func compileLimits(c *compiledRule, limits []Limit) *compiledLimits {
 		name := policyName(c.Name, l, len(cl.nominal))
 		cl.names = append(cl.names, name)
 		ps = append(ps, policyOf(name, l))
-		cl.prepared = append(cl.prepared, headers.Prepare(name, l.Capacity()))
+		cl.prepared = append(cl.prepared, headerwrite.Prepare(name, l.Capacity()))
 	}
 	cl.policy = headers.FormatPolicies(ps...)
 	return cl
