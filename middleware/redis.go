@@ -166,8 +166,12 @@ func (r *RedisStore) StoreTraits() StoreTraits {
 }
 
 // AddObserver has the store report its servers' health and its batch
-// sizes to o until remove is called. It implements ObservableStore.
+// sizes to o until remove is called. A nil o is ignored. It implements
+// ObservableStore.
 func (r *RedisStore) AddObserver(o Observer) (remove func()) {
+	if o == nil {
+		return func() {}
+	}
 	return r.obs.add(o)
 }
 
