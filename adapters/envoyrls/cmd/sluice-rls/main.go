@@ -184,6 +184,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		log.Info("sluice-rls: serving domain", slog.String("domain", rl.Document().Domain),
 			slog.String("source", rl.Document().File), slog.Int("rules", len(rl.Document().Rules)))
 	}
+	if client != nil {
+		warmUp(ctx, reloaders[0].Limiter(), log)
+	}
 	domains := make([]envoyrls.Domain, len(reloaders))
 	for i, rl := range reloaders {
 		domains[i] = rl
@@ -316,4 +319,25 @@ func open(ctx context.Context, c string, i int, f *flags, client redis.Universal
 		so.CachePath = fmt.Sprintf("%s/source-%d.yaml", f.cacheDir, i)
 	}
 	return config.OpenSource(ctx, src, env, so, opts...)
+}
+
+// warmUp reads a counter of lim once, without counting, so that the first
+// calls find the connection to Redis open and the script loaded: they
+// have only -timeout to be decided in. A failure is logged; the failure
+// policy answers calls until Redis answers.
+func warmUp(ctx context.Context, lim *middleware.Limiter, log *slog.Logger) {
+	for _, r := range lim.Rules() {
+		if len(r.Limits) == 0 {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := lim.Peek(wctx, r.Name, "sluice-rls:warm-up")
+		cancel()
+		if err != nil {
+			log.Warn("sluice-rls: store not ready; calls get the failure policy until it is", slog.Any("error", err))
+			return
+		}
+		log.Info("sluice-rls: store ready")
+		return
+	}
 }
