@@ -49,6 +49,9 @@
 //	sluice.sync.lease.granted      Int64Counter                  {unit}     rule           sluice_sync_lease_granted_total
 //	sluice.sync.gave_back          Int64Counter                  {unit}     rule           sluice_sync_gave_back_total
 //	sluice.sync.dropped            Int64Counter                  {unit}     rule           sluice_sync_dropped_total
+//	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
+//	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
+//	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -133,6 +136,9 @@ var MetricNames = []string{
 	SyncLeaseGranted,
 	SyncGaveBack,
 	SyncDropped,
+	BansStarted,
+	Bans,
+	Overrides,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -243,13 +249,13 @@ type Metrics struct {
 
 	capacity capacityInstruments // capacity.go
 	sync     syncInstruments     // sync.go
+	clients  clientInstruments   // clients.go
 }
 
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
+	_ middleware.Observer = (*Metrics)(nil)
 )
 
 // New returns a Metrics that records through a Meter of mp named
@@ -337,6 +343,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(err)
 	check(m.initCapacity(meter))
 	check(m.initSync(meter))
+	check(m.initClients(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}
@@ -466,8 +473,12 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // StoreBatch records the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) {
 	m.batchSize.Record(context.Background(), int64(n), m.baseRecord...)
 }
