@@ -49,6 +49,8 @@ func TestExampleServers(t *testing.T) {
 		{"POST", "/api/export", [2]string{}, 3, 200}, // 3 a calendar day
 		{"POST", "/api/export", [2]string{}, 1, 429},
 		{"GET", "/api/report", [2]string{}, 5, 200}, // 1000 a day
+		{"GET", "/api/burst", [2]string{}, 20, 200}, // 10/s, but the idle server lets it reach 50
+		{"GET", "/api/work", [2]string{"X-Checkout", "1"}, 1, 200},
 	}
 	for name, serve := range frameworks {
 		for _, file := range []bool{false, true} {

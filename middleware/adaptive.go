@@ -125,11 +125,13 @@ type overload struct {
 // given back, with its latency, by Result.Done.
 type overloadHold struct {
 	began  time.Time
-	ctrls  [4]*controller
-	n      int
+	ctrls  []*controller // of the adaptive rules whose places it holds
 	signal *controller
 	// priority is the request's, when an adaptive rule applied.
 	priority Priority
+	// shadow names a shadow adaptive rule (or any, in shadow mode) that
+	// would have refused the request.
+	shadow string
 }
 
 // bindOverload gives each adaptive rule of set its controller, keeping
@@ -237,12 +239,19 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 	oh.priority = p
 	var events [4]CapacityEvent
 	nev := 0
-	for i, rule := range s.adaptive {
+	for _, rule := range s.adaptive {
 		c := rule.ctrl
 		c.mu.Lock()
 		c.advance(now)
 		limit, inflight := c.g.Limit(), c.g.InFlight()
 		ok := c.shed.Admit(now, p.shedClass(), inflight, limit, c.hard)
+		if !ok && (rule.Shadow || l.cfg.shadow) {
+			// Reported, never refused: the request runs and counts.
+			ok = true
+			if oh.shadow == "" {
+				oh.shadow = rule.Name
+			}
+		}
 		if ok {
 			c.g.Start(now)
 		}
@@ -273,9 +282,7 @@ func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*ov
 			}
 			return nil, true
 		}
-		if i < len(oh.ctrls) {
-			oh.ctrls[i], oh.n = c, i+1
-		}
+		oh.ctrls = append(oh.ctrls, c)
 	}
 	for _, o := range l.cfg.observers {
 		for _, e := range events[:nev] {
@@ -295,6 +302,12 @@ func (l *Limiter) settleOverload(oh *overloadHold, s *scratch, res *Result) {
 	res.Elastic = s.elUsed && res.Allowed
 	if len(s.adaptive) > 0 {
 		res.Priority = oh.priority
+	}
+	if oh.shadow != "" && res.Allowed && !res.Shadowed {
+		res.Shadowed, res.ShadowPolicy = true, oh.shadow
+		if res.Outcome == OutcomeAllowed || res.Outcome == OutcomeUnlimited {
+			res.Outcome = OutcomeShadowDenied
+		}
 	}
 	if !res.Allowed || res.Outcome == OutcomeGaveUp {
 		oh.signal = nil
@@ -325,7 +338,7 @@ func (l *Limiter) settleOverload(oh *overloadHold, s *scratch, res *Result) {
 func (oh *overloadHold) end(now time.Time, sample bool) []CapacityEvent {
 	var evs []CapacityEvent
 	lat := now.Sub(oh.began)
-	for _, c := range append(oh.ctrls[:oh.n:oh.n], oh.signal) {
+	for _, c := range append(oh.ctrls[:len(oh.ctrls):len(oh.ctrls)], oh.signal) {
 		if c == nil {
 			continue
 		}

@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -313,3 +314,107 @@ func TestParsePriority(t *testing.T) {
 		t.Error("ParsePriority(urgent): no error")
 	}
 }
+
+// TestAdaptiveConcurrencyShadow: a shadow adaptive rule, or any in shadow
+// mode, reports the requests it would have shed and refuses none.
+func TestAdaptiveConcurrencyShadow(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		rule middleware.Rule
+		opts []middleware.Option
+	}{
+		"shadow rule": {middleware.Rule{Name: "api", Shadow: true, AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}, nil},
+		"shadow mode": {middleware.Rule{Name: "api", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}, []middleware.Option{middleware.WithShadowMode()}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lim, err := middleware.NewRules([]middleware.Rule{tc.rule}, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			first, err := lim.Decide(reqTo("/a"))
+			if err != nil || !first.Allowed || first.Shadowed {
+				t.Fatalf("first: %+v %v", first, err)
+			}
+			second, err := lim.Decide(reqTo("/a"))
+			if err != nil || !second.Allowed || !second.Shadowed || second.ShadowPolicy != "api" || second.Outcome != middleware.OutcomeShadowDenied {
+				t.Fatalf("second: %+v %v", second, err)
+			}
+			if got := lim.Capacity().Rules["api"].InFlight; got != 2 {
+				t.Errorf("in flight %d, want 2", got)
+			}
+			first.Done()
+			second.Done()
+			if got := lim.Capacity().Rules["api"].InFlight; got != 0 {
+				t.Errorf("in flight %d after Done, want 0", got)
+			}
+		})
+	}
+}
+
+// TestAdaptiveConcurrencyManyRules: a request under six adaptive rules
+// takes a place under each and gives every one back.
+func TestAdaptiveConcurrencyManyRules(t *testing.T) {
+	t.Parallel()
+	var rules []middleware.Rule
+	for i := range 6 {
+		rules = append(rules, middleware.Rule{Name: "a" + string(rune('0'+i)), AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}})
+	}
+	lim, err := middleware.NewRules(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	for range 3 {
+		res, err := lim.Decide(reqTo("/"))
+		if err != nil || !res.Allowed {
+			t.Fatalf("%+v %v", res, err)
+		}
+		for name, c := range lim.Capacity().Rules {
+			if c.InFlight != 1 {
+				t.Fatalf("%s: %d in flight, want 1", name, c.InFlight)
+			}
+		}
+		res.Done()
+		for name, c := range lim.Capacity().Rules {
+			if c.InFlight != 0 {
+				t.Fatalf("%s: %d in flight after Done, want 0", name, c.InFlight)
+			}
+		}
+	}
+}
+
+// TestLogObserverShed: shedding is logged at Warn, once a second per rule.
+func TestLogObserverShed(t *testing.T) {
+	t.Parallel()
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	lim, err := middleware.NewRules([]middleware.Rule{{Name: "api", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 1, Max: 1}}},
+		middleware.WithObserver(middleware.NewLogObserver(log)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	held, _ := lim.Decide(reqTo("/"))
+	for range 3 {
+		if res, _ := lim.Decide(reqTo("/")); res.Allowed {
+			t.Fatal("admitted over the limit")
+		}
+	}
+	held.Done()
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(buf.String(), "sluice: shedding load"); n != 1 || !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "priority=normal") {
+		t.Errorf("logged %d times:\n%s", n, buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

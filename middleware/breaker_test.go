@@ -37,7 +37,7 @@ func TestBreaker(t *testing.T) {
 	lim := newLimiter(t, middleware.PerSecond(100), keyfunc.RemoteIP(),
 		middleware.WithStore(store), middleware.WithClock(clock.Now),
 		middleware.WithBreaker(3, time.Second),
-		middleware.WithOnBreakerChange(func(open bool) { changes = append(changes, open) }))
+		middleware.WithObserver(&middleware.Hooks{OnBreakerChanged: func(open bool) { changes = append(changes, open) }}))
 	h := lim.Handler(ok)
 	step := func(name string, wantCalls int64, wantCode int, wantErr error) {
 		t.Helper()

@@ -97,7 +97,10 @@ type slotRequest struct {
 }
 
 // Done gives back the concurrency slots the request holds (see
-// Rule.Concurrency). Front ends call it once the handler has returned,
+// Rule.Concurrency) and its places under adaptive concurrency limits, and
+// reports its latency to the capacity signals (Rule.AdaptiveConcurrency,
+// Limit.Ceiling), which count it in flight until then. Front ends call it
+// once the handler has returned,
 // whether it returned normally, panicked or saw its client go away;
 // Handler and the Gin, Echo and Fiber adapters do. It is safe to call on
 // any Result, more than once, and from any goroutine: slots are given back
@@ -190,6 +193,7 @@ type renewer struct {
 	active map[*hold]struct{}
 	stop   chan struct{}
 	done   chan struct{}
+	closed bool // by Limiter.Close: no renewal starts again
 }
 
 func (l *Limiter) track(h *hold) {
@@ -200,7 +204,7 @@ func (l *Limiter) track(h *hold) {
 		r.active = make(map[*hold]struct{})
 	}
 	r.active[h] = struct{}{}
-	if r.stop == nil && l.cfg.slotsShared {
+	if r.stop == nil && l.cfg.slotsShared && !r.closed {
 		r.stop, r.done = make(chan struct{}), make(chan struct{})
 		go l.renewLoop(r.stop, r.done)
 	}
@@ -254,13 +258,13 @@ func (l *Limiter) renewAll() {
 	}
 }
 
-// stopRenewer stops the renewal of leases; slots still held then expire
-// after their lease.
+// stopRenewer stops the renewal of leases for good; slots still held, and
+// slots taken later, then expire after their lease.
 func (l *Limiter) stopRenewer() {
 	r := &l.renew
 	r.mu.Lock()
 	stop, done := r.stop, r.done
-	r.stop = nil
+	r.stop, r.closed = nil, true
 	r.mu.Unlock()
 	if stop != nil {
 		close(stop)

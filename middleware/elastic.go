@@ -133,6 +133,7 @@ type elasticState struct {
 	fleetAt time.Time
 	stop    chan struct{}
 	done    chan struct{}
+	closed  bool // by Limiter.Close: publishing does not start again
 }
 
 // spare returns the spare capacity elastic limits follow at now.
@@ -241,7 +242,7 @@ func (l *Limiter) elasticLimits(s *scratch, base int, nominal []Limit, names []s
 // counter, and when the only charges denied are elastic ones with
 // headroom open, again with those charged to their headroom's counters.
 func (l *Limiter) takeElastic(ctx context.Context, now time.Time, s *scratch) (bool, error) {
-	allowed, err := l.take(ctx, now, s.charges, s.decisions)
+	allowed, err := l.takeAt(ctx, now, s.charges, s.decisions, s.atp)
 	if err != nil || allowed || len(s.elastic) == 0 {
 		return allowed, err
 	}
@@ -311,7 +312,7 @@ func (l *Limiter) startFleet() {
 		return
 	}
 	el := &l.ov.el
-	if el.stop != nil {
+	if el.stop != nil || el.closed {
 		return
 	}
 	el.stop, el.done = make(chan struct{}), make(chan struct{})
@@ -359,12 +360,12 @@ func (l *Limiter) publishSpare(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// stopFleet stops publishing the spare capacity.
+// stopFleet stops publishing the spare capacity, for good.
 func (l *Limiter) stopFleet() {
 	el := &l.ov.el
 	l.ov.mu.Lock()
 	stop, done := el.stop, el.done
-	el.stop = nil
+	el.stop, el.closed = nil, true
 	l.ov.mu.Unlock()
 	if stop != nil {
 		close(stop)

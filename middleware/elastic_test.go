@@ -264,3 +264,41 @@ func TestElasticFleet(t *testing.T) {
 		t.Fatalf("a gone: b sees %d servers", st.FleetServers)
 	}
 }
+
+// TestElasticCombined: an elastic limit beside a fixed one of the same
+// rule stops at the fixed one; limits from a LimitsFunc may be elastic.
+func TestElasticCombined(t *testing.T) {
+	t.Parallel()
+	for name, rule := range map[string]middleware.Rule{
+		"beside a fixed limit": {Name: "r", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{
+			{Requests: 3, Window: time.Second, Ceiling: 6}, middleware.PerMinute(4)}},
+		"from a LimitsFunc": {Name: "r", Key: keyfunc.RemoteIP(), LimitsFunc: func(keyfunc.Request, string) []middleware.Limit {
+			return []middleware.Limit{{Requests: 2, Window: time.Second, Ceiling: 5}}
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock(t0)
+			lim, err := middleware.NewRules([]middleware.Rule{rule}, middleware.WithClock(clk.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			want := map[string]int{"beside a fixed limit": 4, "from a LimitsFunc": 5}[name]
+			got := 0
+			for range 10 {
+				res, err := lim.Decide(reqTo("/"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Allowed {
+					got++
+				}
+				res.Done()
+			}
+			if got != want {
+				t.Errorf("%d admitted, want %d", got, want)
+			}
+		})
+	}
+}

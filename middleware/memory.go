@@ -9,15 +9,6 @@ import (
 	"github.com/sluicehq/sluice/internal/window"
 )
 
-var (
-	_ Store     = (*MemoryStore)(nil)
-	_ Resetter  = (*MemoryStore)(nil)
-	_ Returner  = (*MemoryStore)(nil)
-	_ SlotStore = (*RedisStore)(nil)
-	_ Resetter  = (*RedisStore)(nil)
-	_ Returner  = (*RedisStore)(nil)
-)
-
 // MemoryConfig configures NewMemoryStore. The zero value is ready to use.
 type MemoryConfig struct {
 	// MaxKeys bounds the number of counters kept; when it is reached, an
@@ -38,16 +29,34 @@ type MemoryConfig struct {
 	SweepInterval time.Duration
 }
 
-// MemoryStore is a Store that counts in this process's memory. Make one
-// with NewMemoryStore.
+// MemoryStore counts in this process's memory. It is a Store, and also a
+// SlotStore, a Returner, a Resetter, a TraitsReporter and a
+// MemoryReporter. Make one with NewMemoryStore. It is safe for concurrent
+// use.
 type MemoryStore struct {
-	s *memstore.Store
+	s     *memstore.Store
+	slots *slots.Table
 }
 
-// NewMemoryStore returns a Store that counts in this process's memory:
+// The interfaces a MemoryStore implements.
+var (
+	_ Store          = (*MemoryStore)(nil)
+	_ SlotStore      = (*MemoryStore)(nil)
+	_ Returner       = (*MemoryStore)(nil)
+	_ Resetter       = (*MemoryStore)(nil)
+	_ TraitsReporter = (*MemoryStore)(nil)
+	_ MemoryReporter = (*MemoryStore)(nil)
+)
+
+// NewMemoryStore returns a store that counts in this process's memory:
 // exact, sharded, bounded by MaxKeys. It suits a single process, tests and
 // development; app servers behind a load balancer need a shared store such
-// as NewRedisStore. Close stops its sweeper.
+// as NewRedisStore.
+//
+// Unless cfg.SweepInterval is negative, the store runs one goroutine that
+// reclaims expired counters. Whoever makes a store closes it: call Close
+// once no Limiter uses it. (A Limiter built without WithStore makes its own
+// in-memory store, and closes it in Limiter.Close.)
 func NewMemoryStore(cfg MemoryConfig) (*MemoryStore, error) {
 	s, err := memstore.New(memstore.Config{
 		MaxKeys:       cfg.MaxKeys,
@@ -58,45 +67,59 @@ func NewMemoryStore(cfg MemoryConfig) (*MemoryStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &MemoryStore{s: s}, nil
+	return &MemoryStore{s: s, slots: slots.New()}, nil
 }
 
-// Take decides charges at one instant, all or nothing; see Store.
+// Take decides charges at now (the zero time means the store's clock). It
+// implements Store.
 func (m *MemoryStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
 	return m.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
-// Reset drops the counters named by charges; see Resetter.
-func (m *MemoryStore) Reset(ctx context.Context, charges []Charge) error {
-	return m.s.Reset(ctx, internalCharges(charges))
-}
-
-// GiveBack returns the places of admitted charges; see Returner.
+// GiveBack gives back the places of charges admitted with a Delay. It
+// implements Returner.
 func (m *MemoryStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {
 	return m.s.GiveBack(ctx, now, internalCharges(charges))
 }
 
-// Len returns how many counters the store holds, expired or not.
+// Reset drops the counters the charges name. It implements Resetter.
+func (m *MemoryStore) Reset(ctx context.Context, charges []Charge) error {
+	return m.s.Reset(ctx, internalCharges(charges))
+}
+
+// Acquire takes a concurrency slot. It implements SlotStore. The slots of a
+// MemoryStore are this process's alone: they have no lease, and every
+// Limiter that uses the store shares them.
+func (m *MemoryStore) Acquire(ctx context.Context, now time.Time, s *Slot) (ok bool, held int, err error) {
+	return m.slots.Acquire(ctx, now, (*window.Slot)(s))
+}
+
+// Release gives back a concurrency slot. It implements SlotStore.
+func (m *MemoryStore) Release(ctx context.Context, s *Slot) error {
+	return m.slots.Release(ctx, (*window.Slot)(s))
+}
+
+// Renew does nothing: the slots of a MemoryStore have no lease. It
+// implements SlotStore.
+func (m *MemoryStore) Renew(ctx context.Context, now time.Time, s []*Slot) error {
+	return m.slots.Renew(ctx, now, internalSlots(s))
+}
+
+// StoreTraits reports that the store is local and fails fast. It
+// implements TraitsReporter.
+func (m *MemoryStore) StoreTraits() StoreTraits {
+	return StoreTraits{Local: true, FailsFast: true}
+}
+
+// Len returns the number of counters held, expired or not. It implements
+// MemoryReporter.
 func (m *MemoryStore) Len() int { return m.s.Len() }
 
-// Close stops the store's sweeper. The store still counts afterwards,
-// reclaiming expired counters only as new keys arrive.
+// Evictions returns how many counters were dropped to stay within
+// MaxKeys. It implements MemoryReporter.
+func (m *MemoryStore) Evictions() uint64 { return m.s.Evictions() }
+
+// Close stops the sweeper goroutine and waits for it to return. It is
+// idempotent and returns nil. The store still decides after Close; expired
+// counters are then reclaimed only as new counters arrive.
 func (m *MemoryStore) Close() error { return m.s.Close() }
-
-// localSlots holds the concurrency slots of a Limiter whose store is a
-// MemoryStore, in this process.
-type localSlots struct {
-	t *slots.Table
-}
-
-func (l localSlots) Acquire(ctx context.Context, now time.Time, s *Slot) (bool, int, error) {
-	return l.t.Acquire(ctx, now, (*window.Slot)(s))
-}
-
-func (l localSlots) Release(ctx context.Context, s *Slot) error {
-	return l.t.Release(ctx, (*window.Slot)(s))
-}
-
-func (l localSlots) Renew(ctx context.Context, now time.Time, ss []*Slot) error {
-	return l.t.Renew(ctx, now, internalSlots(ss))
-}

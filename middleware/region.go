@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -156,7 +155,7 @@ type RegionStore struct {
 	home   *RedisStore
 	g      *regions.Store
 	scopes atomic.Pointer[map[string]scopeSet]
-	obs    atomic.Pointer[[]Observer]
+	obs    observerSet
 }
 
 // NewRegionStore returns a RegionStore and, unless cfg.Manual, starts its
@@ -232,9 +231,26 @@ func (s *RegionStore) Close() error {
 	return err
 }
 
-// bindScopes gives the store the scopes of the rules of set and the
-// limiter's observers.
-func (s *RegionStore) bindScopes(set *ruleSet, obs []Observer) {
+// AddObserver has the store report its events (Region, and the
+// StoreHealth and StoreBatch events of its Redis stores) to o until remove
+// is called; see ObservableStore.
+func (s *RegionStore) AddObserver(o Observer) (remove func()) {
+	if o == nil {
+		return func() {}
+	}
+	rm := []func(){s.obs.add(o), s.local.AddObserver(o)}
+	if s.home != s.local {
+		rm = append(rm, s.home.AddObserver(o))
+	}
+	return func() {
+		for _, f := range rm {
+			f()
+		}
+	}
+}
+
+// bindScopes gives the store the scopes of the rules of set.
+func (s *RegionStore) bindScopes(set *ruleSet) {
 	m := map[string]scopeSet{}
 	for _, r := range set.rules {
 		if r.Scope != ScopeRegion {
@@ -242,17 +258,11 @@ func (s *RegionStore) bindScopes(set *ruleSet, obs []Observer) {
 		}
 	}
 	s.scopes.Store(&m)
-	if len(obs) > 0 {
-		o := slices.Clone(obs)
-		s.obs.Store(&o)
-	}
 }
 
 func (s *RegionStore) send(e RegionEvent) {
-	if o := s.obs.Load(); o != nil {
-		for _, x := range *o {
-			x.Region(e)
-		}
+	for _, o := range s.obs.load() {
+		o.Region(e)
 	}
 }
 

@@ -6,15 +6,16 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
-	"path"
-	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
+	"time"
 )
 
 // Rule says which requests are limited, who they are counted against and how
@@ -112,7 +113,7 @@ type Rule struct {
 	AllowCIDRs []netip.Prefix
 
 	// Shadow computes, counts and reports this rule's decisions (to
-	// WithOnDecision) but never denies a request: for rolling out a new
+	// Observer.Decided) but never denies a request: for rolling out a new
 	// limit safely. Shadow rules are counted in a separate store call.
 	Shadow bool
 
@@ -158,6 +159,9 @@ type Rule struct {
 	// MaxMaxUnsynced.
 	MaxUnsynced int
 
+	// Count, when set, charges the rule's limits only for requests whose
+	// response status it matches, such as failed logins; see Count.
+	Count Count
 	// Scope is whose budget the rule's limits are when app servers run in
 	// several regions with a RegionStore: ScopeRegion (the default), the
 	// region's; ScopeGlobal, one budget across regions synced in the
@@ -179,12 +183,10 @@ type Rule struct {
 	Priority Priority
 }
 
-var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-
 // compiledRule is a validated Rule with everything constant precomputed.
 type compiledRule struct {
 	Rule
-	match   matcher
+	match   pathmatch.Matcher
 	methods uint16 // bitmask of knownMethods, 0 = all
 	other   []string
 	limits  []Limit // effective limits (with overage) for static rules
@@ -196,7 +198,7 @@ type compiledRule struct {
 	query   []condition // Query
 	extra   bool        // the rule has Headers, Query or Match
 	// prepared holds the fixed header text of each limit of a static rule.
-	prepared []*headers.Prepared
+	prepared []*headerwrite.Prepared
 	// ctrl is the controller of AdaptiveConcurrency, bound by SetRules.
 	ctrl *controller
 	// elastic reports that a limit has a ceiling; overloadRule that the
@@ -214,8 +216,8 @@ var knownMethods = [...]string{
 }
 
 func compileRule(r Rule) (*compiledRule, error) {
-	if !ruleNameRE.MatchString(r.Name) {
-		return nil, fmt.Errorf("rule %q: name must match [A-Za-z0-9_.-]{1,64}", r.Name)
+	if !rulename.Valid(r.Name) {
+		return nil, fmt.Errorf("rule %q: name must match %s", r.Name, rulename.Pattern)
 	}
 	errorf := func(format string, args ...any) error {
 		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
@@ -246,7 +248,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if r.Overage < 0 || r.Overage > 10 {
 		return nil, errorf("overage %g must be between 0 and 10", r.Overage)
 	}
-	m, err := compileMatcher(r.Path)
+	m, err := pathmatch.Compile(r.Path)
 	if err != nil {
 		return nil, errorf("path %v", err)
 	}
@@ -258,6 +260,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileSync(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileCount(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileScope(); err != nil {
@@ -321,7 +326,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 		for i, l := range c.Limits {
 			c.names = append(c.names, policyName(r.Name, l, len(c.Limits)))
 			ps[i] = policyOf(c.names[i], l)
-			c.prepared = append(c.prepared, headers.Prepare(c.names[i], l.Capacity()))
+			c.prepared = append(c.prepared, headerwrite.Prepare(c.names[i], l.Capacity()))
 		}
 		c.policy = headers.FormatPolicies(ps...)
 	}
@@ -362,21 +367,9 @@ func policyName(rule string, l Limit, n int) string {
 	return rule + "-" + windowName(l)
 }
 
-// windowName names a limit's window: "1s", "1h", "calendar_day".
-func windowName(l Limit) string {
-	if l.Period != NoPeriod {
-		return l.Period.String()
-	}
-	return formatWindow(l.Window)
-}
-
-func formatWindow(d time.Duration) string {
-	s := d.String()
-	for _, suf := range [...]string{"m0s", "h0m"} {
-		s = strings.Replace(s, suf, string(suf[0]), 1)
-	}
-	return s
-}
+// windowName names a limit's window as the rules file spells it: "1s",
+// "1h", "1d", "calendar_day".
+func windowName(l Limit) string { return l.internal().WindowName() }
 
 // allowed reports whether key is on the rule's allowlist.
 func (c *compiledRule) allowed(key string) bool {
@@ -424,87 +417,7 @@ func (c *compiledRule) matches(method, cleanPath string) bool {
 			return false
 		}
 	}
-	return c.match.matches(cleanPath)
-}
-
-// matcher matches cleaned paths against a pattern split into segments.
-type matcher struct {
-	all      bool
-	segs     []string // "" stands for any one segment
-	wildcard bool     // the pattern ends in /*
-}
-
-// ValidatePath reports whether p is a valid Rule.Path pattern, with an
-// error that says what is wrong when it is not.
-func ValidatePath(p string) error {
-	_, err := compileMatcher(p)
-	return err
-}
-
-func compileMatcher(p string) (matcher, error) {
-	if p == "" || p == "/*" || p == "*" {
-		return matcher{all: true}, nil
-	}
-	if !strings.HasPrefix(p, "/") {
-		return matcher{}, fmt.Errorf("%q must start with /", p)
-	}
-	var m matcher
-	rest := p[1:]
-	if strings.HasSuffix(rest, "/*") || rest == "*" {
-		m.wildcard = true
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "*"), "/")
-	}
-	if rest == "" {
-		return m, nil
-	}
-	for s := range strings.SplitSeq(rest, "/") {
-		switch {
-		case s == "*" || len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}*"):
-			m.segs = append(m.segs, "")
-		case s == "":
-			return matcher{}, fmt.Errorf("%q has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes", p)
-		case s == "." || s == "..":
-			return matcher{}, fmt.Errorf("%q has a %q segment: requests are matched by their cleaned path, without dot segments", p, s)
-		case strings.ContainsAny(s, "*{}"):
-			return matcher{}, fmt.Errorf("%q: bad segment %q: * and {name} stand for whole segments", p, s)
-		default:
-			m.segs = append(m.segs, s)
-		}
-	}
-	return m, nil
-}
-
-func (m *matcher) matches(p string) bool {
-	if m.all {
-		return true
-	}
-	rest := strings.TrimPrefix(p, "/")
-	for _, want := range m.segs {
-		if rest == "" {
-			return false
-		}
-		seg, tail, _ := strings.Cut(rest, "/")
-		if want != "" && seg != want {
-			return false
-		}
-		rest = tail
-	}
-	return rest == "" || m.wildcard
-}
-
-// cleanPath returns p as the rules see it: rooted, without dot segments,
-// doubled or trailing slashes. It allocates only when p is not clean.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] == '/' && !strings.Contains(p, "//") && !strings.Contains(p, "/.") && (len(p) == 1 || p[len(p)-1] != '/') {
-		return p
-	}
-	if p[0] != '/' {
-		p = "/" + p
-	}
-	return path.Clean(p)
+	return c.match.Match(cleanPath)
 }
 
 // compileConditions checks and copies the rule's Headers and Query.

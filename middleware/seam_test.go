@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/denycache"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
@@ -140,5 +141,14 @@ func TestSeamConversions(t *testing.T) {
 	}
 	if internalCharges(nil) != nil || len(internalDecisions(ds[:0])) != 0 {
 		t.Errorf("empty slices do not stay empty")
+	}
+}
+
+// TestSeamDefaults: defaults this package states as numbers are those of
+// the internal packages that apply them.
+func TestSeamDefaults(t *testing.T) {
+	t.Parallel()
+	if DefaultDenyCacheSize != denycache.DefaultMaxEntries {
+		t.Errorf("DefaultDenyCacheSize %d, the deny cache's default %d", DefaultDenyCacheSize, denycache.DefaultMaxEntries)
 	}
 }

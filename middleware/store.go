@@ -56,6 +56,13 @@ type Limit struct {
 	// capacity, as the Limiter's capacity signal measures it (see
 	// WithCapacity). Zero means a fixed limit of Requests.
 	Ceiling int
+	// Ban, when > 0, bans a client this limit refuses for this long: every
+	// request of the client under the limit's rule is then refused, with
+	// Retry-After and the RateLimit fields saying when the ban ends,
+	// whatever the window would admit (see Limiter.Bans and LiftBan).
+	// With Redis the ban is kept there, for the whole fleet. It must be a
+	// whole number of milliseconds, at most 3660 days.
+	Ban time.Duration
 }
 
 // PerSecond returns a limit of n requests per second.
@@ -135,8 +142,7 @@ func (l Limit) Span() time.Duration { return l.internal().Span() }
 
 // Algorithm is how a Limit counts requests. Every store implements every
 // algorithm with the same arithmetic, so that stores can be swapped
-// without changing what clients see. The README's "Choosing an algorithm"
-// compares them.
+// without changing what clients see. docs/algorithms.md compares them.
 type Algorithm uint8
 
 // The algorithms.
@@ -248,6 +254,30 @@ type Decision struct {
 // make the two stores of this package; both implement every Algorithm
 // with the same arithmetic, so that one can replace the other without
 // changing what clients see. A Store is safe for concurrent use.
+//
+// A store may implement more than Take. A Limiter looks for these
+// interfaces on the stores given to WithStore and WithFallbackStore, never
+// for concrete types, so a store that wraps another (to add tracing, say)
+// keeps the Limiter's behaviour if it forwards them (a struct that embeds
+// *RedisStore or *MemoryStore forwards them all):
+//
+//   - SlotStore: concurrency limits (Rule.Concurrency).
+//   - Returner: giving back the turn of a request that left a leaky
+//     bucket's queue early.
+//   - Resetter: Limiter.Reset.
+//   - TraitsReporter: how the Limiter should use the store (deny cache,
+//     circuit breaker, lease renewal).
+//   - ObservableStore: the store's own events (its servers' health, its
+//     batches), which reach the Limiter's Observers.
+//   - MemoryReporter: the counters of Limiter.Stats.
+//
+// (Elastic limits share the fleet's spare capacity through an unexported
+// method of RedisStore, which only embedding forwards.)
+//
+// Whoever makes a store closes it: a store given to WithStore or
+// WithFallbackStore is the caller's to close, after the Limiters that use
+// it; the stores a Limiter makes itself (the default in-memory store, and
+// FailLocal's default fallback) are closed by Limiter.Close.
 type Store interface {
 	// Take decides charges at one instant, all or nothing: the request is
 	// admitted only if every charge fits its limit, and only then is each

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -105,6 +104,8 @@ func (c *compiledRule) compileSync() error {
 		return fmt.Errorf("max_unsynced %d must be between 1 and 2^30, or 0 for the default", r.MaxUnsynced)
 	case r.MaxUnsynced != 0 && r.Sync != SyncWriteBack:
 		return fmt.Errorf("max_unsynced applies only to sync: write_back")
+	case !r.Count.IsZero():
+		return fmt.Errorf("sync: %s: a rule with count is decided exactly (its charges may be given back after the response)", r.Sync)
 	case r.SyncInterval < 0 || r.SyncInterval%time.Millisecond != 0 || r.SyncInterval > time.Hour:
 		return fmt.Errorf("sync_interval %s must be a whole number of milliseconds up to 1h, or 0 for %s", r.SyncInterval, DefaultSyncInterval)
 	}
@@ -165,15 +166,6 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 	return nil
 }
 
-// storeTake asks the store, through the coordination layer when rules use
-// it.
-func (l *Limiter) storeTake(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
-	if fs := l.syncs.store.Load(); fs != nil {
-		return fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
-	}
-	return l.cfg.store.Take(ctx, now, charges, out)
-}
-
 // stopSync pushes what is unsynced, gives back what is leased and stops
 // the syncer.
 func (l *Limiter) stopSync() {
@@ -228,14 +220,11 @@ type SyncEvent struct {
 
 // syncEvents passes the layer's events on to the observers.
 func (l *Limiter) syncEvents() fleetstore.Events {
-	if len(l.cfg.observers) == 0 {
+	o := l.cfg.obs
+	if o == nil {
 		return fleetstore.Events{}
 	}
-	send := func(e SyncEvent) {
-		for _, o := range l.cfg.observers {
-			o.Synced(e)
-		}
-	}
+	send := o.Synced
 	units := func(k SyncEventKind) func(string, int64) {
 		return func(rule string, n int64) { send(SyncEvent{Kind: k, Rule: rule, Units: n}) }
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -399,7 +400,9 @@ func TestReloadUnderTraffic(t *testing.T) {
 				}()
 			}
 			close(start)
-			time.Sleep(5 * time.Millisecond) // let some calls through first
+			for len(limits) < 10 { // some calls decided under the old limit first
+				runtime.Gosched()
+			}
 			if err := os.WriteFile(r.paths[0], []byte(strings.Replace(doc, "1000", "150", 1)), 0o600); err != nil {
 				t.Fatal(err)
 			}

@@ -31,8 +31,10 @@
 // FailClosed, or no rule applies and the Limiter denies such calls).
 //
 // A stream counts as one request when it opens. Options.Messages, a
-// Limiter of its own, also decides each message the client sends on it;
-// a message over its limit ends the stream with ResourceExhausted.
+// Limiter of its own, also decides each message the client sends on it:
+// the stream's RecvMsg returns ResourceExhausted for a message over its
+// limit, which ends the stream when the handler returns the error, as
+// handlers do with the errors of Recv.
 // Concurrency slots (Rule.Concurrency) are held until the call returns or
 // the stream ends.
 package grpclimit
@@ -71,9 +73,9 @@ type Options struct {
 	// Messages, when not nil, decides each message the client sends on a
 	// stream, after the stream was admitted by the interceptor's Limiter:
 	// its rules see the message as a Request of method MessageMethod
-	// with the stream's path, peer and metadata. A message it denies
-	// ends the stream with ResourceExhausted. It may share the store of
-	// the interceptor's Limiter.
+	// with the stream's path, peer and metadata. For a message it denies,
+	// RecvMsg returns ResourceExhausted (with RetryInfo). It may share
+	// the store of the interceptor's Limiter.
 	Messages *middleware.Limiter
 }
 
@@ -87,7 +89,7 @@ func UnaryServerInterceptor(lim *middleware.Limiter, o Options) grpc.UnaryServer
 		if o.Skip != nil && o.Skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
 		}
-		res, err := admit(ctx, lim, NewRequest(ctx, info.FullMethod))
+		res, err := admit(lim, NewRequest(ctx, info.FullMethod), func(md metadata.MD) { _ = grpc.SetHeader(ctx, md) })
 		if err != nil {
 			return nil, err
 		}
@@ -108,7 +110,7 @@ func StreamServerInterceptor(lim *middleware.Limiter, o Options) grpc.StreamServ
 		if o.Skip != nil && o.Skip(ctx, info.FullMethod) {
 			return handler(srv, ss)
 		}
-		res, err := admit(ctx, lim, NewRequest(ctx, info.FullMethod))
+		res, err := admit(lim, NewRequest(ctx, info.FullMethod), func(md metadata.MD) { _ = ss.SetHeader(md) })
 		if err != nil {
 			return err
 		}
@@ -121,8 +123,9 @@ func StreamServerInterceptor(lim *middleware.Limiter, o Options) grpc.StreamServ
 }
 
 // admit decides r with lim and sends the rate-limit fields as header
-// metadata; it returns the status error of a call that may not proceed.
-func admit(ctx context.Context, lim *middleware.Limiter, r *Request) (middleware.Result, error) {
+// metadata with setHeader; it returns the status error of a call that may
+// not proceed.
+func admit(lim *middleware.Limiter, r *Request, setHeader func(metadata.MD)) (middleware.Result, error) {
 	res, err := lim.Decide(r)
 	if err != nil {
 		return res, decideError(err)
@@ -130,7 +133,7 @@ func admit(ctx context.Context, lim *middleware.Limiter, r *Request) (middleware
 	md := metadata.MD{}
 	lim.WriteHeaders(mdSetter(md), &res)
 	if len(md) > 0 {
-		_ = grpc.SetHeader(ctx, md)
+		setHeader(md)
 	}
 	if res.Allowed {
 		return res, nil

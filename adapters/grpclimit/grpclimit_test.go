@@ -235,6 +235,22 @@ func TestKeys(t *testing.T) {
 			t.Errorf("%s: %v, want %v", s.what, got, s.want)
 		}
 	}
+
+	// The full method is the route: one count per method.
+	lim = newLimiter(t, stores[0].make(t), clk,
+		middleware.Rule{Name: "per-method", Key: keyfunc.Route(), Limits: []middleware.Limit{middleware.PerMinute(1).FixedWindow()}})
+	c, _ = start(t, lim, grpclimit.Options{})
+	for _, s := range []struct {
+		unary bool
+		want  codes.Code
+	}{{true, codes.OK}, {false, codes.OK}, {true, codes.ResourceExhausted}, {false, codes.ResourceExhausted}} {
+		if got := code(context.Background(), s.unary); got != s.want {
+			t.Errorf("per method, unary %v: %v, want %v", s.unary, got, s.want)
+		}
+	}
+	if r := grpclimit.NewRequest(context.Background(), "/grpc.testing.TestService/EmptyCall"); r.Route() != r.Path() || r.Method() != "POST" {
+		t.Errorf("Request: route %q, path %q, method %q", r.Route(), r.Path(), r.Method())
+	}
 }
 
 // TestStream counts a stream once when it opens, limits its messages with
@@ -271,6 +287,9 @@ func TestStream(t *testing.T) {
 			s1, err := open()
 			if err != nil {
 				t.Fatalf("stream 1: %v", err)
+			}
+			if hdr, err := s1.Header(); err != nil || len(hdr.Get("ratelimit")) != 1 || hdr.Get("ratelimit")[0] != `"streams";r=2;t=20` {
+				t.Errorf("stream 1: header %v, %v; want ratelimit \"streams\";r=2;t=20", hdr, err)
 			}
 			s2, err := open()
 			if err != nil {

@@ -317,6 +317,7 @@ func sluiceRedis(cfg middleware.RedisConfig) func(testing.TB, *redis.Client, rul
 		if err != nil {
 			tb.Fatal(err)
 		}
+		tb.Cleanup(func() { _ = st.Close() })
 		lim := middleware.Limit{Requests: r.requests, Window: r.window}
 		return redisImpl{
 			worker: func() decideFunc {

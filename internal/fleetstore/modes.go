@@ -131,7 +131,9 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			e.setState(st)
 			*out = window.Describe(st, at, b.lim, cost, true)
 			out.Remaining = min(out.Remaining+int(e.uc), b.lim.Capacity())
-			refill := e.uc < (e.inflight+3)/4 && e.flags&granting == 0
+			// Busy counters (more than one slice lately) ask for the next
+			// slice ahead, when a quarter of this one is left.
+			refill := e.inflight >= 4 && e.uc < (e.inflight+3)/4 && e.flags&granting == 0
 			if refill {
 				e.flags |= granting
 				sh.enlist(id, e)
@@ -195,6 +197,12 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need i
 		s.wake(sh, id)
 		sh.mu.Unlock()
 		return fleet.Reply{}, nil
+	}
+	if e.up <= ms && e.uc == 0 && need > 0 {
+		// The last slice was spent and has ended: a counter used now and
+		// then starts again from 1 unit, which leaves nothing to give
+		// back.
+		e.inflight = 1
 	}
 	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us}
 	if e.up <= ms && e.uc > 0 {
@@ -417,7 +425,10 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 					continue
 				}
 				ended := e.up <= ms || final
-				busy := ms-e.used <= b.interval && !final
+				// Busy: used in the last interval, and asked for more than
+				// one slice lately; a counter used once or twice is not
+				// worth a slice ahead.
+				busy := ms-e.used <= b.interval && !final && e.inflight >= 4
 				if ended && (e.uc > 0 || busy) {
 					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh}
 					if busy {

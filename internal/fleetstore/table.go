@@ -30,7 +30,7 @@ const (
 	full
 )
 
-// entry is one counter in process, 96 bytes. Its fields hold, by mode:
+// entry is one counter in process, 112 bytes. Its fields hold, by mode:
 //
 //   - write-back: C is fleet.View.C; us, up and uc are U's Start, Prev and
 //     Curr; inflight is what pushes on their way carry.
@@ -39,6 +39,7 @@ const (
 //     the slice ends and us the start of the window it was counted in;
 //     inflight is the size to ask for next (see nextWant).
 type entry struct {
+	id       ident
 	fid      fleet.ID
 	flags    uint8
 	b        *binding
@@ -69,18 +70,19 @@ func (e *entry) state() window.State { return window.State{Start: e.cs, Prev: e.
 // setState stores C.
 func (e *entry) setState(s window.State) { e.cs, e.cp, e.cc = s.Start, s.Prev, s.Curr }
 
-// shard is a part of the table, with its own lock.
+// shard is a part of the table, with its own lock: entries in chunks,
+// found through an open-addressing index of uint32 slots (linear probing,
+// at most seven eighths full), as in the memory store.
 type shard struct {
 	mu     sync.Mutex
-	index  map[ident]uint32 // entry numbers
+	slots  []uint32 // 0: empty; else an entry number + 1
 	chunks [][]entry
-	ids    []ident // ids[i] is the identity of entry i
 	n      int
 	max    int
 	// list holds the entries the syncer visits.
 	list []ident
-	// waits holds, for entries with a lease call on its way, what the
-	// requests that need it wait on.
+	// waits holds, for entries with a lease call or a push on its way,
+	// what the requests that need it wait on.
 	waits map[ident]chan struct{}
 	// seq draws the entries an eviction samples.
 	seq uint64
@@ -88,38 +90,62 @@ type shard struct {
 
 func (sh *shard) at(i int) *entry { return &sh.chunks[i/chunkSize][i%chunkSize] }
 
-// lookup returns the entry of id, or nil.
-func (sh *shard) lookup(id ident) (*entry, int) {
-	i, ok := sh.index[id]
-	if !ok {
-		return nil, -1
+// find returns the slot of id, or of the empty slot where it would go.
+func (sh *shard) find(id ident) int {
+	mask := len(sh.slots) - 1
+	for p := int(id.h1) & mask; ; p = (p + 1) & mask {
+		v := sh.slots[p]
+		if v == 0 || sh.at(int(v-1)).id == id {
+			return p
+		}
 	}
-	return sh.at(int(i)), int(i)
 }
 
-// insert adds a zero entry for id and returns it, evicting first if the
-// shard is full: evicted is the entry that made room (copied), if any.
+// lookup returns the entry of id, or nil.
+func (sh *shard) lookup(id ident) (*entry, int) {
+	if sh.n == 0 {
+		return nil, -1
+	}
+	v := sh.slots[sh.find(id)]
+	if v == 0 {
+		return nil, -1
+	}
+	return sh.at(int(v - 1)), int(v - 1)
+}
+
+// insert adds a zero entry for id, which must not be in the shard, and
+// returns it, evicting first if the shard is full: evicted is the entry
+// that made room (copied), if any.
 func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 	if sh.n >= sh.max {
 		evicted, did = sh.evict(), true
 	}
-	if sh.index == nil {
-		sh.index = map[ident]uint32{}
+	if 8*(sh.n+1) > 7*len(sh.slots) {
+		sh.grow()
 	}
 	i := sh.n
 	if i/chunkSize == len(sh.chunks) {
-		sh.chunks = append(sh.chunks, make([]entry, chunkSize))
+		// Chunks start small and double up to chunkSize, so that a shard
+		// wastes at most half of its last chunk.
+		sh.chunks = append(sh.chunks, make([]entry, 8))
+	} else if c := &sh.chunks[i/chunkSize]; i%chunkSize == len(*c) {
+		// Grown by copying: no pointer into a shard's entries outlives
+		// its lock.
+		*c = append(make([]entry, 0, min(2*len(*c), chunkSize)), *c...)[:min(2*len(*c), chunkSize)]
 	}
 	sh.n++
-	sh.index[id] = uint32(i)
-	if i == len(sh.ids) {
-		sh.ids = append(sh.ids, id)
-	} else {
-		sh.ids[i] = id
-	}
 	e = sh.at(i)
-	*e = entry{}
+	*e = entry{id: id}
+	sh.slots[sh.find(id)] = uint32(i + 1)
 	return e, evicted, did
+}
+
+// grow doubles the index and places every entry again.
+func (sh *shard) grow() {
+	sh.slots = make([]uint32, max(2*len(sh.slots), 16))
+	for i := 0; i < sh.n; i++ {
+		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+	}
 }
 
 // evict removes the least recently used of a few entries drawn at random
@@ -140,19 +166,33 @@ func (sh *shard) evict() entry {
 
 // remove deletes entry i, moving the last entry into its place.
 func (sh *shard) remove(i int) {
-	id := sh.ids[i]
-	delete(sh.index, id)
+	sh.unplace(sh.find(sh.at(i).id))
 	last := sh.n - 1
 	if i != last {
 		*sh.at(i) = *sh.at(last)
-		sh.ids[i] = sh.ids[last]
-		sh.index[sh.ids[i]] = uint32(i)
+		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
 	}
 	*sh.at(last) = entry{}
 	sh.n--
 }
 
-// list adds entry e of id to the entries the syncer visits.
+// unplace empties slot p and shifts back the entries after it that
+// linear probing placed past it, so that every entry stays reachable.
+func (sh *shard) unplace(p int) {
+	mask := len(sh.slots) - 1
+	sh.slots[p] = 0
+	for q := (p + 1) & mask; sh.slots[q] != 0; q = (q + 1) & mask {
+		home := int(sh.at(int(sh.slots[q]-1)).id.h1) & mask
+		// The entry at q may move to p unless its home lies cyclically in
+		// (p, q].
+		if (q > p && (home <= p || home > q)) || (q < p && home <= p && home > q) {
+			sh.slots[p], sh.slots[q] = sh.slots[q], 0
+			p = q
+		}
+	}
+}
+
+// enlist adds entry e of id to the entries the syncer visits.
 func (sh *shard) enlist(id ident, e *entry) {
 	if e.flags&listed == 0 {
 		e.flags |= listed

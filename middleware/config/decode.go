@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -30,15 +31,10 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "sync", "lease", "sync_interval", "max_unsynced", "scope"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
-)
-
-var (
-	ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-	planNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 )
 
 // standardMethods are the methods a rule may name.
@@ -179,7 +175,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			if !ok {
 				return
 			}
-			if !ruleNameRE.MatchString(s) {
+			if !rulename.Valid(s) {
 				d.errorf(v, fpath, "bad name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", s)
 				return
 			}
@@ -249,6 +245,12 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			plansNode = v
 		case "sync", "lease", "sync_interval", "max_unsynced":
 			d.syncField(&sf, field, v, fpath)
+		case "adaptive_concurrency": // overload.go
+			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
+		case "priority":
+			r.Priority, _ = d.priority(v, fpath)
+		case "count":
+			r.Count = d.count(v, fpath)
 		case "scope":
 			d.scopeField(&sc, v, fpath)
 		}
@@ -265,10 +267,10 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	if nameNode == nil && d.ok(start) {
 		d.errorf(n, path+".name", "required")
 	}
-	if keyNode == nil && d.ok(start) {
+	if keyNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".key", "required")
 	}
-	if limitsNode == nil && concNode == nil && d.ok(start) {
+	if limitsNode == nil && concNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit")
 	}
 	if plansNode != nil && limitsNode == nil && d.ok(start) {
@@ -285,6 +287,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	d.checkSync(&sf, &r, limits, plans, path)
 
 	// Checks that span fields.
+	d.checkOverload(&r, overageNode, path)
 	d.checkLimits(limits, limitsNode, path+".limits", r.Cost, costNode, r.Overage, overageNode, path)
 	for _, name := range sortedKeys(plans) {
 		d.checkLimits(plans[name], plansNode, path+".plans."+name, r.Cost, costNode, r.Overage, overageNode, path)
@@ -351,7 +354,7 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string, 
 			if !ok {
 				return
 			}
-			if err := middleware.ValidatePath(s); err != nil {
+			if _, err := pathmatch.Compile(s); err != nil {
 				d.errorf(v, fpath, "%v", err)
 				return
 			}
@@ -488,7 +491,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		}
 		start := d.nerrs
 		l := middleware.Limit{Algorithm: defaults.algorithm}
-		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode *yaml.Node
+		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode, ceilNode *yaml.Node
 		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
 			fpath := ipath + "." + field
 			switch field {
@@ -529,6 +532,8 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 				if w, ok := d.duration(v, fpath); ok {
 					l.MaxDelay, delayNode = w, v
 				}
+			case "ban":
+				l.Ban = d.ban(v, fpath)
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
 					l.Location, tzNode = loc, v
@@ -540,6 +545,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 						return
 					}
 					l.MaxLog, logNode = m, v
+				}
+			case "ceiling": // overload.go
+				if c, ok := d.ceiling(v, fpath); ok {
+					l.Ceiling, ceilNode = c, v
 				}
 			}
 		})
@@ -553,56 +562,30 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 			continue
 		}
 		if l.Period != middleware.NoPeriod {
-			// A calendar period implies a fixed window.
-			switch {
-			case algNode == nil:
+			// A calendar period implies a fixed window, in the rule's
+			// time zone unless the limit has its own.
+			if algNode == nil {
 				l.Algorithm = middleware.FixedWindow
-			case l.Algorithm != middleware.FixedWindow:
-				d.errorf(algNode, ipath+".algorithm", "%s cannot count a calendar window (%s): calendar periods need fixed_window", l.Algorithm, l.Period)
-				continue
 			}
 			if tzNode == nil && defaults.location != nil {
 				l.Location = defaults.location
 				defaults.usedLocation = true
 			}
-		} else if tzNode != nil {
-			d.errorf(tzNode, ipath+".time_zone", "applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to %s", formatDuration(l.Window))
-			continue
-		}
-		if burstNode != nil && l.Algorithm != middleware.TokenBucket && l.Algorithm != middleware.LeakyBucket {
-			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket and leaky_bucket algorithms, not to %s", l.Algorithm)
-			continue
-		}
-		if delayNode != nil && l.Algorithm != middleware.LeakyBucket {
-			d.errorf(delayNode, ipath+".max_delay", "applies only to the leaky_bucket algorithm, not to %s", l.Algorithm)
-			continue
-		}
-		if logNode != nil && l.Algorithm != middleware.SlidingLog {
-			d.errorf(logNode, ipath+".max_log", "applies only to the sliding_log algorithm, not to %s", l.Algorithm)
-			continue
-		}
-		if l.Requests > window.MaxRequests {
-			d.errorf(reqNode, ipath+".requests", "%d is too large: requests must not exceed 2^50 (%d)", l.Requests, window.MaxRequests)
-			continue
-		}
-		if l.Burst > window.MaxRequests {
-			d.errorf(burstNode, ipath+".burst", "%d is too large: burst must not exceed 2^50 (%d)", l.Burst, window.MaxRequests)
-			continue
-		}
-		if l.Window > window.MaxWindow {
-			d.errorf(winNode, ipath+".window", "%s is too long: a window must not exceed 3660d", formatDuration(l.Window))
-			continue
-		}
-		if l.MaxLog > window.MaxLogRequests {
-			d.errorf(logNode, ipath+".max_log", "%d is too large: max_log must not exceed %d", l.MaxLog, window.MaxLogRequests)
-			continue
-		}
-		if l.Algorithm == middleware.SlidingLog && l.Requests > max(l.MaxLog, window.DefaultMaxLog) {
-			d.errorf(reqNode, ipath+".requests", "%d is too many for a sliding log, which keeps one entry per request: at most %d unless max_log raises it (up to %d) to accept the memory, or use another algorithm", l.Requests, max(l.MaxLog, window.DefaultMaxLog), window.MaxLogRequests)
-			continue
 		}
 		if err := l.Validate(); err != nil {
-			d.errorf(ln, ipath, "%v", err)
+			// Limit.Validate is the one judge of a limit; its error names
+			// the field at fault, which points at the line.
+			nodes := map[string]*yaml.Node{"requests": reqNode, "window": winNode, "algorithm": algNode,
+				"burst": burstNode, "time_zone": tzNode, "max_log": logNode, "max_delay": delayNode}
+			var le *window.LimitError
+			if errors.As(err, &le) && nodes[le.Field] != nil {
+				d.errorf(nodes[le.Field], ipath+"."+le.Field, "%s", le.Msg)
+			} else {
+				d.errorf(ln, ipath, "%v", err)
+			}
+			continue
+		}
+		if !d.checkCeiling(l, ceilNode, ipath) {
 			continue
 		}
 		w := windowName(l)
@@ -616,12 +599,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 	return out
 }
 
-// windowName is how a file names a limit's window: "1m", "calendar_day".
+// windowName is how a file names a limit's window: "1m", "1d",
+// "calendar_day"; the rate-limit headers name it the same way.
 func windowName(l middleware.Limit) string {
-	if l.Period != middleware.NoPeriod {
-		return l.Period.String()
-	}
-	return formatDuration(l.Window)
+	return window.Limit{Window: l.Window, Period: window.Period(l.Period)}.WindowName()
 }
 
 // formatLimit describes a limit as a file would: "100 per 1m",
@@ -682,7 +663,7 @@ func (d *decoder) plans(n *yaml.Node, path string, defaults *limitDefaults) map[
 	plans := map[string][]middleware.Limit{}
 	d.fields(n, path, nil, func(name string, v *yaml.Node) {
 		fpath := path + "." + name
-		if !planNameRE.MatchString(name) {
+		if !rulename.Valid(name) {
 			d.errorf(v, fpath, "bad plan name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", name)
 			return
 		}
@@ -919,20 +900,6 @@ func wholeUnits(s string) (n int64, unit time.Duration, ok bool) {
 		n = 1<<63 - 1
 	}
 	return n, unit, true
-}
-
-// formatDuration formats a window as a file would: 1m rather than 1m0s.
-func formatDuration(d time.Duration) string {
-	if d%week == 0 {
-		return strconv.FormatInt(int64(d/week), 10) + "w"
-	}
-	if d%day == 0 {
-		return strconv.FormatInt(int64(d/day), 10) + "d"
-	}
-	s := d.String()
-	s = strings.Replace(s, "m0s", "m", 1)
-	s = strings.Replace(s, "h0m", "h", 1)
-	return s
 }
 
 // describe names what a node is, for error messages.

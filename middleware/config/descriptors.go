@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -345,7 +346,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 				}
 			case "name":
 				if s, ok := d.str(v, fpath); ok {
-					if !ruleNameRE.MatchString(s) {
+					if !rulename.Valid(s) {
 						d.errorf(v, fpath, "bad name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", s)
 						return
 					}

@@ -24,14 +24,14 @@
 //
 // Open loads a file, builds a Limiter and returns a Reloader; Load and
 // Parse only read a file or a document into a Document, and NewReloader
-// keeps a Limiter built from such a Document in step with its file. A Reloader re-reads its file
-// on request (Reload, say on SIGHUP) or when it changes (Check, Watch), and
-// swaps the rules of its Limiter with middleware.Limiter.SetRules: requests
-// in flight finish under the rules they started with, and counters of rules
-// whose name and windows did not change carry on. A document that does not
-// load leaves the rules in force and is reported. Only rules are reloaded:
-// headers is a construction-time setting of the Limiter, and a reload that
-// changes it is rejected.
+// keeps a Limiter built from such a Document in step with its file. A
+// Reloader re-reads its file on request (Reload, say on SIGHUP) or when it
+// changes (Check, Watch), and swaps the rules of its Limiter with
+// middleware.Limiter.SetRules: requests in flight finish under the rules
+// they started with, and counters of rules whose name and windows did not
+// change carry on. A document that does not load leaves the rules in force
+// and is reported. Only rules are reloaded: headers is a construction-time
+// setting of the Limiter, and a reload that changes it is rejected.
 //
 // OpenSource reads the rules from a Source instead (HTTPSource, RedisSource
 // or FileSource) and keeps them in step, with SourceOptions for the poll
@@ -43,6 +43,12 @@
 // type *Error, or several joined with errors.Join:
 //
 //	rules.yaml:7: rules[1].limits[0].window: bad duration "5x"
+//
+// Parsed with Env.RateLimitService, a descriptor file is that of a rate
+// limit service (the module adapters/envoyrls serves it over Envoy's gRPC
+// API): any descriptor key is accepted, and its rules match the
+// descriptors of a DescriptorRequest, entry by entry, as the Envoy service
+// matches them, never an HTTP request.
 //
 // [docs/rules.md]: https://github.com/sluicehq/sluice/blob/main/docs/rules.md
 // [docs/rules-sources.md]: https://github.com/sluicehq/sluice/blob/main/docs/rules-sources.md

@@ -49,6 +49,9 @@
 //	sluice.sync.lease.granted      Int64Counter                  {unit}     rule           sluice_sync_lease_granted_total
 //	sluice.sync.gave_back          Int64Counter                  {unit}     rule           sluice_sync_gave_back_total
 //	sluice.sync.dropped            Int64Counter                  {unit}     rule           sluice_sync_dropped_total
+//	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
+//	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
+//	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
 //	sluice.region.peer.lag         Float64Histogram              s          peer           sluice_region_peer_lag_seconds
 //	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
 //	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
@@ -137,6 +140,9 @@ var MetricNames = []string{
 	SyncLeaseGranted,
 	SyncGaveBack,
 	SyncDropped,
+	BansStarted,
+	Bans,
+	Overrides,
 	RegionPeerLag,
 	RegionSyncErrors,
 	RegionPeerUnreachable,
@@ -251,14 +257,14 @@ type Metrics struct {
 
 	capacity capacityInstruments // capacity.go
 	sync     syncInstruments     // sync.go
+	clients  clientInstruments   // clients.go
 	region   regionInstruments   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
+	_ middleware.Observer = (*Metrics)(nil)
 )
 
 // New returns a Metrics that records through a Meter of mp named
@@ -346,6 +352,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(err)
 	check(m.initCapacity(meter))
 	check(m.initSync(meter))
+	check(m.initClients(meter))
 	check(m.initRegion(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
@@ -476,8 +483,12 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // StoreBatch records the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) {
 	m.batchSize.Record(context.Background(), int64(n), m.baseRecord...)
 }

@@ -39,6 +39,9 @@
 //	sluice_sync_lease_granted_total{rule}  counter    units leased in lease mode
 //	sluice_sync_gave_back_total{rule}      counter    leased units not used and given back
 //	sluice_sync_dropped_total{rule}        counter    units of evicted counters the fleet's count misses
+//	sluice_bans_total{rule}                counter    clients banned by a limit with a ban
+//	sluice_bans_in_force                   gauge      bans in force (the fleet's, with Redis)
+//	sluice_overrides_in_force              gauge      per-client overrides in force (the fleet's, with Redis)
 //	sluice_region_peer_lag_seconds{peer}   histogram  syncs of global counts to a peer region
 //	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
 //	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
@@ -114,6 +117,9 @@ var MetricNames = []string{
 	SyncLeaseGranted,
 	SyncGaveBackTotal,
 	SyncDroppedTotal,
+	BansTotal,
+	Bans,
+	Overrides,
 	RegionPeerLag,
 	RegionSyncErrors,
 	RegionPeerUnreachable,
@@ -212,15 +218,15 @@ type Metrics struct {
 
 	capacity capacityMetrics // capacity.go
 	sync     syncMetrics     // sync.go
+	clients  clientMetrics   // clients.go
 	region   regionMetrics   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
-	_ prometheus.Collector     = (*Metrics)(nil)
+	_ middleware.Observer  = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
 )
 
 // New returns a Metrics and registers it with reg, unless reg is nil (the
@@ -303,6 +309,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	}
 	m.capacity = newCapacityMetrics(cl)
 	m.sync = newSyncMetrics(cl)
+	m.clients = newClientMetrics(cl)
 	m.region = newRegionMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
@@ -370,6 +377,10 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // ObserveSourceStatus sets the rules source's gauges from st: use it as
 // config.SourceOptions.OnStatus (or call it from yours).
 func (m *Metrics) ObserveSourceStatus(st config.Status) {
@@ -380,7 +391,7 @@ func (m *Metrics) ObserveSourceStatus(st config.Status) {
 }
 
 // StoreBatch observes the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
 
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
@@ -434,6 +445,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.batchSize.Describe(ch)
 	m.capacity.describe(ch)
 	m.sync.describe(ch)
+	m.clients.describe(ch)
 	for _, c := range m.region.collectors() {
 		c.Describe(ch)
 	}
@@ -459,6 +471,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.batchSize.Collect(ch)
 	m.capacity.collect(ch)
 	m.sync.collect(ch)
+	m.clients.collect(ch)
 	for _, c := range m.region.collectors() {
 		c.Collect(ch)
 	}

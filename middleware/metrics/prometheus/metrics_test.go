@@ -543,6 +543,8 @@ func TestMetricNames(t *testing.T) {
 	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
 	m.Shed("api", middleware.PrioritySheddable)
 	syncEvents(m)
+	m.BanStarted("api", time.Hour)
+	m.ClientState(1, 2)
 	regionEvents(m)
 
 	mfs, err := reg.Gather()

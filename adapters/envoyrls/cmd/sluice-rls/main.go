@@ -36,8 +36,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -81,6 +83,7 @@ type flags struct {
 	timeout, poll      time.Duration
 	shadow             bool
 	cacheDir           string
+	pprof              bool
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -97,6 +100,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.DurationVar(&f.poll, "poll", 5*time.Second, "how often descriptor files and URLs are checked for changes")
 	fs.BoolVar(&f.shadow, "shadow", false, "shadow mode: count and report, never answer OVER_LIMIT")
 	fs.StringVar(&f.cacheDir, "cache-dir", "", "directory where the last good document of each URL or Redis source is kept, to start from during an outage of the source")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the HTTP listener")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -159,7 +163,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 	}
 
 	opts := []middleware.Option{middleware.WithStore(store), middleware.WithFailurePolicy(policy),
-		middleware.WithObserver(metrics), middleware.WithLogger(log)}
+		middleware.WithObserver(metrics), middleware.WithObserver(middleware.NewLogObserver(log))}
 	if f.shadow {
 		opts = append(opts, middleware.WithShadowMode())
 	}
@@ -180,6 +184,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		log.Info("sluice-rls: serving domain", slog.String("domain", rl.Document().Domain),
 			slog.String("source", rl.Document().File), slog.Int("rules", len(rl.Document().Rules)))
 	}
+	if client != nil {
+		warmUp(ctx, reloaders[0].Limiter(), log)
+	}
 	domains := make([]envoyrls.Domain, len(reloaders))
 	for i, rl := range reloaders {
 		domains[i] = rl
@@ -189,7 +196,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		return err
 	}
 
-	g := grpc.NewServer()
+	// Workers that live on serve the calls: a goroutine per call would
+	// grow its stack anew each time.
+	g := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	srv.Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
@@ -210,6 +219,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		if f.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		hlis, err := net.Listen("tcp", f.httpAddr)
 		if err != nil {
 			return err
@@ -306,4 +319,25 @@ func open(ctx context.Context, c string, i int, f *flags, client redis.Universal
 		so.CachePath = fmt.Sprintf("%s/source-%d.yaml", f.cacheDir, i)
 	}
 	return config.OpenSource(ctx, src, env, so, opts...)
+}
+
+// warmUp reads a counter of lim once, without counting, so that the first
+// calls find the connection to Redis open and the script loaded: they
+// have only -timeout to be decided in. A failure is logged; the failure
+// policy answers calls until Redis answers.
+func warmUp(ctx context.Context, lim *middleware.Limiter, log *slog.Logger) {
+	for _, r := range lim.Rules() {
+		if len(r.Limits) == 0 {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := lim.Peek(wctx, r.Name, "sluice-rls:warm-up")
+		cancel()
+		if err != nil {
+			log.Warn("sluice-rls: store not ready; calls get the failure policy until it is", slog.Any("error", err))
+			return
+		}
+		log.Info("sluice-rls: store ready")
+		return
+	}
 }

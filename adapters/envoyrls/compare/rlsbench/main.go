@@ -6,13 +6,20 @@
 //	cd adapters/envoyrls/compare && GOWORK=off go run ./rlsbench -duration 2s
 //
 // It builds both servers, starts a redis-server (persistence off) on a
-// free loopback port, then for each server in turn: starts it, warms it
-// up, and measures calls per second and latency (p50, p99) with 1, 16 and
-// 64 calls in flight, for calls of one descriptor and of three, then the
-// latency of calls sent at a fixed rate (-rate, 10,000 a second by
+// free loopback port and the servers beside it: sluice-rls, and
+// envoyproxy/ratelimit twice, with its defaults and with the write
+// buffering its README advises for high throughput (-only keeps one),
+// and the floor: a gRPC server of this program that answers every call
+// with a constant response, the most any server could do on the machine
+// with this load generator.
+// Then, for calls of one descriptor and of three, it measures calls per
+// second and latency (p50, p99) with 1, 16 and 64 calls in flight, then
+// the latency of calls sent at a fixed rate (-rate, 10,000 a second by
 // default, timed from when each call was due, so that a stall counts
-// against the server). Nothing is over its limit: what is measured is
-// the cost of a decision. The results are printed as Markdown tables.
+// against the server). Each measurement gives the servers alternating
+// slices (-rounds), so that a machine whose load changes weighs on them
+// alike. Nothing is over its limit: what is measured is the cost of a
+// decision. The results are printed as a Markdown table.
 package main
 
 import (
@@ -60,11 +67,21 @@ var (
 	duration = flag.Duration("duration", 2*time.Second, "how long each measurement lasts")
 	rate     = flag.Int("rate", 10000, "calls a second of the fixed-rate measurement")
 	conns    = flag.Int("conns", 4, "gRPC connections of the load generator")
-	only     = flag.String("only", "", "measure only this server: sluice-rls, ratelimit or ratelimit-window")
+	only     = flag.String("only", "", "measure sluice-rls beside this server only: ratelimit or ratelimit-window")
+	rounds   = flag.Int("rounds", 4, "slices each server gets of each measurement, alternating")
+	floor    = flag.String("serve-floor", "", "serve the floor (a constant answer) on this address, and nothing else")
+	extra    = flag.String("sluice-args", "", "more arguments of sluice-rls, space-separated (-pprof -http-addr 127.0.0.1:6070, say)")
 )
 
 func main() {
 	flag.Parse()
+	if *floor != "" {
+		if err := serveFloor(*floor); err != nil {
+			fmt.Fprintln(os.Stderr, "rlsbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
@@ -126,10 +143,20 @@ func run() error {
 			return c
 		}
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	servers := []server{
+		// The floor: a gRPC server that answers every call with a
+		// constant response, without deciding anything.
+		{"floor", func(port int) *exec.Cmd {
+			return exec.Command(self, "-serve-floor", "127.0.0.1:"+strconv.Itoa(port))
+		}},
 		{"sluice-rls", func(port int) *exec.Cmd {
-			return exec.Command(filepath.Join(dir, "sluice-rls"), "-config", cfgPath, "-redis", redisAddr,
-				"-grpc-addr", "127.0.0.1:"+strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s")
+			args := []string{"-config", cfgPath, "-redis", redisAddr,
+				"-grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s"}
+			return exec.Command(filepath.Join(dir, "sluice-rls"), append(args, strings.Fields(*extra)...)...)
 		}},
 		// Its defaults: each call's commands written at once on a pooled
 		// connection (REDIS_POOL_SIZE 10).
@@ -137,65 +164,134 @@ func run() error {
 		// Write buffering, as its README advises for high throughput.
 		{"ratelimit-window", ratelimit("150us")},
 	}
-	fmt.Printf("GOMAXPROCS of the load generator: default; servers: one process each, in turn; redis-server %s\n\n", redisVersion())
+	fmt.Printf("redis-server %s; each server a process of its own, all running, measured in alternating slices\n\n", redisVersion())
+	var ts []*target
 	for _, s := range servers {
-		if *only != "" && s.name != *only {
+		if *only != "" && s.name != *only && s.name != "sluice-rls" && s.name != "floor" {
 			continue
 		}
-		if err := measure(s.name, s.cmd); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+		t, stop, err := start(s.name, s.cmd)
+		if err != nil {
+			return err
 		}
+		defer stop()
+		ts = append(ts, t)
 	}
+	compare(ts)
 	return nil
 }
 
-func measure(name string, mk func(int) *exec.Cmd) error {
+// target is a running server and the load generator's clients of it.
+type target struct {
+	name string
+	cs   []rlsv3.RateLimitServiceClient
+}
+
+// start starts a server and connects to it.
+func start(name string, mk func(int) *exec.Cmd) (*target, func(), error) {
 	port := freePort()
 	cmd := mk(port)
 	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var closers []func()
+	stop := func() {
+		for _, c := range closers {
+			c()
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	if err := waitPort(addr); err != nil {
-		return err
+		stop()
+		return nil, nil, err
 	}
-	var cs []rlsv3.RateLimitServiceClient
+	t := &target{name: name}
 	for range *conns {
 		conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			return err
+			stop()
+			return nil, nil, err
 		}
-		defer conn.Close()
-		cs = append(cs, rlsv3.NewRateLimitServiceClient(conn))
+		closers = append(closers, func() { _ = conn.Close() })
+		t.cs = append(t.cs, rlsv3.NewRateLimitServiceClient(conn))
 	}
 	// Warm up, and check that the server decides.
 	for i := 0; ; i++ {
-		resp, err := cs[0].ShouldRateLimit(context.Background(), request(3, 1))
+		resp, err := t.cs[0].ShouldRateLimit(context.Background(), request(3, 1))
 		if err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK && resp.Statuses[0].CurrentLimit != nil {
 			break
 		}
 		if i > 200 {
-			return fmt.Errorf("no decision: %v %v", resp, err)
+			stop()
+			return nil, nil, fmt.Errorf("%s: no decision: %v %v", name, resp, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	closedLoop(cs, 3, 16, *duration/2)
+	closedLoop(t.cs, 3, 16, *duration/4)
+	return t, stop, nil
+}
 
-	fmt.Printf("### %s\n\n| descriptors | in flight | calls/s | p50 | p99 | errors |\n|---|---|---|---|---|---|\n", name)
+// compare measures the targets in alternating slices, so that they share
+// the machine's changing load alike: -rounds rounds, each giving every
+// target a slice of -duration / -rounds, in an order that rotates.
+func compare(ts []*target) {
+	fmt.Printf("| descriptors | in flight |")
+	for _, t := range ts {
+		fmt.Printf(" %s calls/s | p50 | p99 |", t.name)
+	}
+	fmt.Printf(" errors |\n|---|---|")
+	for range ts {
+		fmt.Printf("---|---|---|")
+	}
+	fmt.Println("---|")
+	type point struct {
+		nd, inflight int // inflight 0: the fixed rate
+	}
+	var points []point
 	for _, nd := range []int{1, 3} {
 		for _, inflight := range []int{1, 16, 64} {
-			r := closedLoop(cs, nd, inflight, *duration)
-			fmt.Printf("| %d | %d | %.0f | %s | %s | %d |\n", nd, inflight, r.rate, ms(r.p50), ms(r.p99), r.errors)
+			points = append(points, point{nd, inflight})
 		}
 	}
-	for _, nd := range []int{1, 3} {
-		r := openLoop(cs, nd, *rate, *duration)
-		fmt.Printf("| %d | fixed %d/s | %.0f | %s | %s | %d |\n", nd, *rate, r.rate, ms(r.p50), ms(r.p99), r.errors)
+	points = append(points, point{1, 0}, point{3, 0})
+	slice := *duration / time.Duration(*rounds)
+	for _, p := range points {
+		lats := make([][]time.Duration, len(ts))
+		took := make([]time.Duration, len(ts))
+		errs := make([]int64, len(ts))
+		for r := range *rounds {
+			for k := range ts {
+				i := (k + r) % len(ts)
+				var l []time.Duration
+				var d time.Duration
+				var e int64
+				if p.inflight == 0 {
+					l, d, e = openLoop(ts[i].cs, p.nd, *rate, slice)
+				} else {
+					l, d, e = closedLoop(ts[i].cs, p.nd, p.inflight, slice)
+				}
+				lats[i] = append(lats[i], l...)
+				took[i] += d
+				errs[i] += e
+			}
+		}
+		flight := strconv.Itoa(p.inflight)
+		if p.inflight == 0 {
+			flight = "fixed " + strconv.Itoa(*rate) + "/s"
+		}
+		fmt.Printf("| %d | %s |", p.nd, flight)
+		var allErrs int64
+		for i := range ts {
+			r := summarize(lats[i], took[i])
+			fmt.Printf(" %.0f | %s | %s |", r.rate, ms(r.p50), ms(r.p99))
+			allErrs += errs[i]
+		}
+		fmt.Printf(" %d |\n", allErrs)
 	}
 	fmt.Println()
-	return nil
 }
 
 // request is a call of nd descriptors (1 or 3) for client c.
@@ -213,11 +309,10 @@ func request(nd, c int) *rlsv3.RateLimitRequest {
 type result struct {
 	rate     float64
 	p50, p99 time.Duration
-	errors   int64
 }
 
 // closedLoop keeps inflight calls in flight for d.
-func closedLoop(cs []rlsv3.RateLimitServiceClient, nd, inflight int, d time.Duration) result {
+func closedLoop(cs []rlsv3.RateLimitServiceClient, nd, inflight int, d time.Duration) ([]time.Duration, time.Duration, int64) {
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	lats := make([][]time.Duration, inflight)
@@ -244,12 +339,12 @@ func closedLoop(cs []rlsv3.RateLimitServiceClient, nd, inflight int, d time.Dura
 		}()
 	}
 	wg.Wait()
-	return summarize(slices.Concat(lats...), d, errs.Load())
+	return slices.Concat(lats...), d, errs.Load()
 }
 
 // openLoop sends perSec calls a second for d, each timed from when it was
 // due.
-func openLoop(cs []rlsv3.RateLimitServiceClient, nd, perSec int, d time.Duration) result {
+func openLoop(cs []rlsv3.RateLimitServiceClient, nd, perSec int, d time.Duration) ([]time.Duration, time.Duration, int64) {
 	n := int(d.Seconds() * float64(perSec))
 	interval := time.Second / time.Duration(perSec)
 	lats := make([]time.Duration, n)
@@ -274,12 +369,12 @@ func openLoop(cs []rlsv3.RateLimitServiceClient, nd, perSec int, d time.Duration
 		}()
 	}
 	wg.Wait()
-	return summarize(lats, time.Since(start), errs.Load())
+	return lats, time.Since(start), errs.Load()
 }
 
-func summarize(lats []time.Duration, d time.Duration, errs int64) result {
+func summarize(lats []time.Duration, d time.Duration) result {
 	slices.Sort(lats)
-	r := result{rate: float64(len(lats)) / d.Seconds(), errors: errs}
+	r := result{rate: float64(len(lats)) / d.Seconds()}
 	if len(lats) > 0 {
 		r.p50 = lats[len(lats)/2]
 		r.p99 = lats[min(len(lats)-1, len(lats)*99/100)]
@@ -322,4 +417,32 @@ func redisVersion() string {
 		}
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// floorServer answers every call OK with one status per descriptor and a
+// current_limit, as a server that decided would, without deciding.
+type floorServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (floorServer) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	for range req.Descriptors {
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:           rlsv3.RateLimitResponse_OK,
+			CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 100000000, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND},
+			LimitRemaining: 99999999,
+		})
+	}
+	return resp, nil
+}
+
+func serveFloor(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, floorServer{})
+	return g.Serve(lis)
 }
