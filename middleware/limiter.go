@@ -452,6 +452,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 			for _, o := range l.cfg.observers {
 				o.DenyCacheHit(charges[i].Name)
 			}
+			yieldSometimes()
 			return false, nil
 		}
 	}
