@@ -93,7 +93,9 @@ type config struct {
 	observers []Observer // as given to WithObserver
 	obs       Observer   // all of them in one; nil if none
 	// unobserve removes obs from the stores that report to it.
-	unobserve []func()
+	unobserve    []func()
+	maxOverrides int           // WithMaxOverrides
+	clientSync   time.Duration // WithClientSync, 0 for DefaultClientSync
 
 	capacity CapacityConfig // the capacity signal of elastic limits
 	overload overloadConfig // shedding by priority
@@ -108,6 +110,7 @@ func defaultConfig() config {
 		denyCacheSize:   -1,
 		lease:           DefaultConcurrencyLease,
 		maxWaiting:      DefaultMaxWaiting,
+		maxOverrides:    DefaultMaxOverrides,
 	}
 }
 

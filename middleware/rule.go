@@ -132,6 +132,10 @@ type Rule struct {
 	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
 	ConcurrencyStatus int
 
+	// Count, when set, charges the rule's limits only for requests whose
+	// response status it matches, such as failed logins; see Count.
+	Count Count
+
 	// AdaptiveConcurrency, when set, bounds the requests of this rule in
 	// flight in this app server by a limit that follows their latency
 	// (see AdaptiveConcurrency), shedding them by Priority. A rule may
@@ -219,6 +223,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileOverload(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileCount(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)

@@ -224,7 +224,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limit unknown field",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ceiling)",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ceiling, ban)",
 		},
 		{
 			name: "cost zero",

@@ -31,9 +31,9 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -245,6 +245,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
 		case "priority":
 			r.Priority, _ = d.priority(v, fpath)
+		case "count":
+			r.Count = d.count(v, fpath)
 		}
 	})
 	if limitsNode != nil {
@@ -522,6 +524,8 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 				if w, ok := d.duration(v, fpath); ok {
 					l.MaxDelay, delayNode = w, v
 				}
+			case "ban":
+				l.Ban = d.ban(v, fpath)
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
 					l.Location, tzNode = loc, v

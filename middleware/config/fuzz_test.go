@@ -29,6 +29,12 @@ func (nopStore) Release(context.Context, *middleware.Slot) error { return nil }
 
 func (nopStore) Renew(context.Context, time.Time, []*middleware.Slot) error { return nil }
 
+func (nopStore) TakeAt(context.Context, time.Time, []middleware.Charge, []middleware.Decision) (bool, time.Time, error) {
+	return true, time.Now(), nil
+}
+
+func (nopStore) Refund(context.Context, time.Time, []middleware.Charge) error { return nil }
+
 // FuzzParse checks that Parse never panics, that every error it returns
 // names the file, and that the rules of every file it accepts are accepted
 // by the Limiter and can decide requests.

@@ -43,6 +43,9 @@
 //	sluice.spare_capacity          Float64Gauge                  1          rule           sluice_spare_capacity
 //	sluice.elastic.limit           Int64Gauge                    {request}  rule, policy   sluice_elastic_limit
 //	sluice.shed                    Int64Counter                  {request}  rule, priority sluice_shed_total
+//	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
+//	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
+//	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -121,6 +124,9 @@ var MetricNames = []string{
 	SpareCapacity,
 	ElasticLimit,
 	Shed,
+	BansStarted,
+	Bans,
+	Overrides,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -230,6 +236,7 @@ type Metrics struct {
 	watched      map[*watch]struct{}
 
 	capacity capacityInstruments // capacity.go
+	clients  clientInstruments   // clients.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -322,6 +329,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		metric.WithDescription("Requests holding concurrency slots."))
 	check(err)
 	check(m.initCapacity(meter))
+	check(m.initClients(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

@@ -33,6 +33,9 @@
 //	sluice_spare_capacity{rule}            gauge      spare capacity, 0 to 1 (rule="" for elastic limits' signal)
 //	sluice_elastic_limit{rule,policy}      gauge      limit in force of an elastic limit
 //	sluice_shed_total{rule,priority}       counter    requests refused by an adaptive concurrency limit
+//	sluice_bans_total{rule}                counter    clients banned by a limit with a ban
+//	sluice_bans_in_force                   gauge      bans in force (the fleet's, with Redis)
+//	sluice_overrides_in_force              gauge      per-client overrides in force (the fleet's, with Redis)
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -98,6 +101,9 @@ var MetricNames = []string{
 	SpareCapacity,
 	ElasticLimit,
 	ShedTotal,
+	BansTotal,
+	Bans,
+	Overrides,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -191,6 +197,7 @@ type Metrics struct {
 	sourceFailures, sourceLoaded prometheus.Gauge
 
 	capacity capacityMetrics // capacity.go
+	clients  clientMetrics   // clients.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -279,6 +286,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			[]string{"result"}, cl),
 	}
 	m.capacity = newCapacityMetrics(cl)
+	m.clients = newClientMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -412,6 +420,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.sourceLoaded.Describe(ch)
 	m.batchSize.Describe(ch)
 	m.capacity.describe(ch)
+	m.clients.describe(ch)
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -433,6 +442,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.sourceLoaded.Collect(ch)
 	m.batchSize.Collect(ch)
 	m.capacity.collect(ch)
+	m.clients.collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()
