@@ -5,11 +5,11 @@
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test redis bench fuzz example
+.PHONY: test redis bench fuzz example overload
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := example middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example middleware/metrics/prometheus middleware/metrics/otel
 
 test: redis
 	$(GO) test -race -shuffle=on -timeout 8m ./...
@@ -29,3 +29,9 @@ bench: redis
 
 example:
 	$(GO) run ./example
+
+# The overload benchmark (BENCHMARKS.md, "Overload"): a handler of 8 slots
+# × 20ms under an open-loop load at 3× its capacity from a separate
+# process; about 2.5 minutes, so it is not part of make test.
+overload:
+	$(GO) run ./internal/cmd/overload $(OVERLOAD_FLAGS)

@@ -32,15 +32,17 @@ var exampleRoutes = []struct{ method, path, body string }{
 	{http.MethodGet, "/api/report", `{"report":"daily"}`},
 	{http.MethodGet, "/api/slow", `{"slow":true}`},
 	{http.MethodGet, "/api/smooth", `{"smooth":true}`},
+	{http.MethodGet, "/api/burst", `{"burst":true}`},
+	{http.MethodGet, "/api/work", `{"work":"done"}`},
 }
 
 // maxSlow bounds the wait of /api/slow.
 const maxSlow = 10 * time.Second
 
-// slow waits for the ms query parameter of /api/slow (at most maxSlow), or
-// until ctx is done: it stands for an expensive request.
+// slow waits for the ms query parameter of /api/slow and /api/work (at
+// most maxSlow), or until ctx is done: it stands for an expensive request.
 func slow(ctx context.Context, path, ms string) {
-	if path != "/api/slow" {
+	if path != "/api/slow" && path != "/api/work" {
 		return
 	}
 	n, err := strconv.Atoi(ms)

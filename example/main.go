@@ -86,7 +86,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := []middleware.Option{middleware.WithLogger(logger), middleware.WithObserver(metrics)}
+	opts := []middleware.Option{middleware.WithObserver(middleware.NewLogObserver(logger)), middleware.WithObserver(metrics)}
 	onReload := func(rl *config.Reloader) func(error) {
 		log := rl.LogReloads(logger)
 		return func(err error) {
@@ -105,6 +105,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		defer s.Close() // after the limiter's Close, deferred below
 		opts = append(opts, middleware.WithStore(s))
 		store = "redis " + *redisAddr
 	}
@@ -123,7 +124,7 @@ func run(args []string) error {
 		}
 		go rl.Watch(ctx, every, onReload(rl))
 		go reloadOnHUP(ctx, rl, onReload(rl))
-		source = func() (string, string) { return rl.Config().File, rl.Config().Version() }
+		source = func() (string, string) { return rl.Document().File, rl.Document().Version() }
 	} else {
 		var err error
 		if lim, err = middleware.NewRules(builtinRules(), opts...); err != nil {
@@ -165,7 +166,10 @@ func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 // builtinRules limits every client to 30 requests a minute, /search to 5 a
 // minute per client, /api/* to 10 a minute per API key, /api/slow to 2
 // requests in flight per client, and smooths /api/smooth to 2 a second
-// per client with a queue of 10 (waits of at most 5 s).
+// per client with a queue of 10 (waits of at most 5 s); /api/burst has 10
+// a second per client with a ceiling of 50 while the server has room, and
+// /api/work an adaptive concurrency limit that sheds batch requests
+// (?batch=1) first.
 func builtinRules() []middleware.Rule {
 	return []middleware.Rule{
 		{Name: "site", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(30)}},
@@ -175,6 +179,10 @@ func builtinRules() []middleware.Rule {
 		{Name: "slow", Path: "/api/slow", Methods: []string{http.MethodGet}, Key: keyfunc.RemoteIP(), Concurrency: 2},
 		{Name: "smooth", Path: "/api/smooth", Key: keyfunc.RemoteIP(),
 			Limits: []middleware.Limit{middleware.PerSecond(2).LeakyBucket(10, 5*time.Second)}},
+		{Name: "burst", Path: "/api/burst", Key: keyfunc.RemoteIP(),
+			Limits: []middleware.Limit{{Requests: 10, Window: time.Second, Ceiling: 50}}},
+		{Name: "work", Path: "/api/work", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 2, Max: 40}},
+		{Name: "work-batch", Path: "/api/work", Query: map[string]string{"batch": "1"}, Priority: middleware.PrioritySheddable},
 	}
 }
 
@@ -281,6 +289,8 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 4); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/export; done  # 3 a calendar day in Paris: the 4th is 429
   for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
   for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
+  for i in $(seq 30); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/api/burst; done; echo   # 10/s, up to 50/s while the server is idle: all 200
+  (for i in $(seq 60); do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/work?ms=2000&batch=1' & done; wait) | sort | uniq -c   # adaptive limit: batch requests shed first (503)
 `, host)
 		return
 	}

@@ -49,6 +49,8 @@ func TestExampleServers(t *testing.T) {
 		{"POST", "/api/export", [2]string{}, 3, 200}, // 3 a calendar day
 		{"POST", "/api/export", [2]string{}, 1, 429},
 		{"GET", "/api/report", [2]string{}, 5, 200}, // 1000 a day
+		{"GET", "/api/burst", [2]string{}, 20, 200}, // 10/s, but the idle server lets it reach 50
+		{"GET", "/api/work", [2]string{"X-Checkout", "1"}, 1, 200},
 	}
 	for name, serve := range frameworks {
 		for _, file := range []bool{false, true} {
@@ -218,8 +220,8 @@ func TestRulesFromService(t *testing.T) {
 	}
 	defer closeSource()
 	defer rl.Limiter().Close()
-	if every != 50*time.Millisecond || rl.Config().File != srv.URL+"/rules.yaml" || len(rl.Config().Rules) == 0 {
-		t.Errorf("every %v, config %+v", every, rl.Config())
+	if every != 50*time.Millisecond || rl.Document().File != srv.URL+"/rules.yaml" || len(rl.Document().Rules) == 0 {
+		t.Errorf("every %v, config %+v", every, rl.Document())
 	}
 	if tried, err := rl.Check(); tried || err != nil {
 		t.Errorf("Check() = %v, %v: want unchanged (304)", tried, err)

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/headerwrite"
 )
 
 type mapSetter map[string]string
@@ -64,39 +66,6 @@ func TestWrite(t *testing.T) {
 	}
 }
 
-// TestWritePrepared: the fields are the same with a Prepared as without,
-// and a Prepared made for another name or limit is not used.
-func TestWritePrepared(t *testing.T) {
-	t.Parallel()
-	base := []Values{
-		{Name: "api", Limit: 100, Remaining: 42, Reset: 17100 * time.Millisecond, Next: 400 * time.Millisecond, Policy: `"api";q=100;w=60`},
-		{Name: "login", Limit: 5, Reset: 299 * time.Second, RetryAfter: 3001 * time.Millisecond, Next: 1001 * time.Millisecond},
-		{Name: `a"b`, Limit: 1 << 40, Remaining: 1<<40 - 1, Reset: 1000 * time.Second, Next: 300 * time.Second},
-		{Name: "neg", Limit: 7, Remaining: -3},
-	}
-	for _, v := range base {
-		for _, p := range []*Prepared{Prepare(v.Name, v.Limit), Prepare(v.Name, v.Limit+1), Prepare(v.Name+"x", v.Limit)} {
-			for _, style := range []Style{Both, Legacy, Draft, None} {
-				want, got := mapSetter{}, mapSetter{}
-				Write(want, style, &v)
-				pv := v
-				pv.Prepared = p
-				Write(got, style, &pv)
-				if !reflect.DeepEqual(got, want) {
-					t.Errorf("%s, %+v prepared as %+v: got %v, want %v", style, v, *p, got, want)
-				}
-				h := http.Header{}
-				Write(h, style, &pv)
-				for k, w := range want {
-					if g := h.Values(k); len(g) != 1 || g[0] != w {
-						t.Errorf("%s, %+v: http.Header[%s] = %q, want [%q]", style, v, k, g, w)
-					}
-				}
-			}
-		}
-	}
-}
-
 func TestWriteReplaces(t *testing.T) {
 	t.Parallel()
 	h := http.Header{}
@@ -128,14 +97,6 @@ func TestWriteAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("Write to http.Header: %v allocs, want 0 (amortised)", allocs)
 	}
-	v.Prepared = Prepare(v.Name, v.Limit)
-	allocs = testing.AllocsPerRun(1000, func() {
-		clear(h)
-		Write(h, Both, &v)
-	})
-	if allocs != 0 {
-		t.Errorf("Write to http.Header, prepared: %v allocs, want 0 (amortised)", allocs)
-	}
 }
 
 func TestFormatPolicies(t *testing.T) {
@@ -162,6 +123,28 @@ func TestParseStyle(t *testing.T) {
 	}
 }
 
+// TestSameAsWriter: the names and styles are those of the writer behind
+// Write, and Values converts to its Values.
+func TestSameAsWriter(t *testing.T) {
+	t.Parallel()
+	for _, n := range [][2]string{
+		{Limit, headerwrite.Limit}, {Remaining, headerwrite.Remaining}, {Reset, headerwrite.Reset},
+		{RetryAfter, headerwrite.RetryAfter}, {RateLimit, headerwrite.RateLimit}, {RateLimitPolicy, headerwrite.RateLimitPolicy},
+	} {
+		if n[0] != n[1] {
+			t.Errorf("%s is %s in the writer", n[0], n[1])
+		}
+	}
+	for _, s := range [][2]uint8{
+		{uint8(Both), uint8(headerwrite.Both)}, {uint8(Legacy), uint8(headerwrite.Legacy)},
+		{uint8(Draft), uint8(headerwrite.Draft)}, {uint8(None), uint8(headerwrite.None)},
+	} {
+		if s[0] != s[1] {
+			t.Errorf("style %d is %d in the writer", s[0], s[1])
+		}
+	}
+}
+
 func TestSeconds(t *testing.T) {
 	t.Parallel()
 	for d, want := range map[time.Duration]int64{-time.Second: 0, 0: 0, 1: 1, time.Second: 1, time.Second + 1: 2, 90 * time.Second: 90} {
@@ -173,19 +156,6 @@ func TestSeconds(t *testing.T) {
 
 func BenchmarkWrite(b *testing.B) {
 	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Policy: `"default";q=100;w=60`}
-	h := make(http.Header, 8)
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(h)
-		Write(h, Both, &v)
-	}
-}
-
-// BenchmarkWritePrepared is BenchmarkWrite with the policy's fixed text
-// prepared once, as the middleware does for its static rules.
-func BenchmarkWritePrepared(b *testing.B) {
-	v := Values{Name: "default", Limit: 100, Remaining: 99, Reset: time.Minute, Policy: `"default";q=100;w=60`,
-		Prepared: Prepare("default", 100)}
 	h := make(http.Header, 8)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/keytext"
 )
 
 // fuzzTrusted is the trusted proxy list of the fuzz tests.
@@ -52,7 +54,7 @@ func checkIPKey(t *testing.T, key string, v4Bits, v6Bits int) netip.Prefix {
 	if p.Bits() != want || p != p.Masked() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
 		t.Fatalf("key %q is not a canonical /%d", key, want)
 	}
-	if got := string(AppendIP(nil, p.Addr(), v4Bits, v6Bits)); got != rest {
+	if got := string(keytext.AppendIP(nil, p.Addr(), v4Bits, v6Bits)); got != rest {
 		t.Fatalf("key %q is not in canonical form %q", key, got)
 	}
 	return p
@@ -95,7 +97,7 @@ func FuzzRemoteAddr(f *testing.F) {
 			t.Fatalf("RemoteIP(%q) = %q but netip rejects the address", remote, key)
 		}
 		checkIPKey(t, key, DefaultIPv4Prefix, DefaultIPv6Prefix)
-		if w := "ip:" + string(AppendIP(nil, want, DefaultIPv4Prefix, DefaultIPv6Prefix)); key != w {
+		if w := "ip:" + string(keytext.AppendIP(nil, want, DefaultIPv4Prefix, DefaultIPv6Prefix)); key != w {
 			t.Fatalf("RemoteIP(%q) = %q, want %q", remote, key, w)
 		}
 	})

@@ -27,11 +27,11 @@ const hashLen = 22
 // that.
 func Hash(s string) string {
 	var buf [hashLen]byte
-	return string(AppendHash(buf[:0], s))
+	return string(appendHash(buf[:0], s))
 }
 
-// AppendHash appends Hash(s) to dst and returns the extended buffer.
-func AppendHash(dst []byte, s string) []byte {
+// appendHash appends Hash(s) to dst and returns the extended buffer.
+func appendHash(dst []byte, s string) []byte {
 	return sha256Digesters.appendDigest(dst, s)
 }
 
@@ -136,7 +136,7 @@ func boundedKey(kind, s string, max int) string {
 	b = append(b, kind...)
 	if len(s) > max {
 		b = append(b, '#')
-		b = AppendHash(b, s)
+		b = appendHash(b, s)
 	} else {
 		b = append(b, ':')
 		b = appendEscape(b, s)

@@ -43,8 +43,8 @@ func TestHash(t *testing.T) {
 	if Hash("a") == Hash("b") {
 		t.Error(`Hash("a") == Hash("b")`)
 	}
-	if got := string(AppendHash([]byte("k:"), "acme")); got != "k:"+wantHash("acme") {
-		t.Errorf("AppendHash = %q, want %q", got, "k:"+wantHash("acme"))
+	if got := string(appendHash([]byte("k:"), "acme")); got != "k:"+wantHash("acme") {
+		t.Errorf("appendHash = %q, want %q", got, "k:"+wantHash("acme"))
 	}
 }
 

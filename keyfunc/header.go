@@ -35,7 +35,7 @@ func Header(name string) Func {
 		}
 		var buf [64]byte
 		b := append(buf[:0], prefix...)
-		b = AppendHash(b, v)
+		b = appendHash(b, v)
 		return string(b), nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/internal/arena"
+	"github.com/sluicehq/sluice/internal/keytext"
 )
 
 // Default prefix lengths by which RemoteIP and ClientIP group client
@@ -75,7 +76,7 @@ func remoteIP(v4Bits, v6Bits int) Func {
 // plainIPv4 returns the host of s when s is an IPv4 address in the
 // dotted-decimal form netip.Addr.String writes, alone or followed by a
 // port, as parseHost accepts it. Its text is then the canonical form
-// AppendIP would give the parsed address with a prefix of 32 bits. It
+// keytext.AppendIP would give the parsed address with a prefix of 32 bits. It
 // reports false for anything else, which parseHost then decides.
 func plainIPv4(s string) (string, bool) {
 	fields, val, digits := 0, 0, 0
@@ -125,7 +126,7 @@ func checkPrefixBits(v4Bits, v6Bits int) error {
 func ipKey(addr netip.Addr, v4Bits, v6Bits int) string {
 	var buf [64]byte // "ip:" + the longest IPv6 text (39) + "/128"
 	b := append(buf[:0], "ip:"...)
-	b = AppendIP(b, addr, v4Bits, v6Bits)
+	b = keytext.AppendIP(b, addr, v4Bits, v6Bits)
 	return carve(b)
 }
 
@@ -147,44 +148,14 @@ func carve(b []byte) string {
 
 // CanonicalIP returns the prefix a client address is counted under: addr
 // with its zone stripped, unmapped to IPv4 if it is an IPv4-mapped IPv6
-// address, and masked to v4Bits or v6Bits according to its family.
+// address, and masked to v4Bits or v6Bits according to its family. Keys
+// name the prefix by its address alone when it covers a single address
+// ("ip:192.0.2.1"), in CIDR notation otherwise ("ip:2001:db8:1:2::/64").
 //
 // CanonicalIP returns the zero Prefix if addr is invalid or the prefix
 // length for its family is out of range.
 func CanonicalIP(addr netip.Addr, v4Bits, v6Bits int) netip.Prefix {
-	if !addr.IsValid() {
-		return netip.Prefix{}
-	}
-	addr = addr.Unmap().WithZone("")
-	bits := v6Bits
-	if addr.Is4() {
-		bits = v4Bits
-	}
-	p, err := addr.Prefix(bits)
-	if err != nil {
-		return netip.Prefix{}
-	}
-	return p
-}
-
-// AppendIP appends the text form of CanonicalIP(addr, v4Bits, v6Bits) to dst
-// and returns the extended buffer: the bare address if the prefix covers a
-// single address ("192.0.2.1", "2001:db8::1"), otherwise the masked prefix
-// in CIDR notation ("2001:db8:1:2::/64"). It appends nothing if
-// CanonicalIP returns the zero Prefix.
-//
-// Front ends that already hold a netip.Addr can build the same keys as
-// RemoteIP without allocating: append "ip:" and then the address.
-func AppendIP(dst []byte, addr netip.Addr, v4Bits, v6Bits int) []byte {
-	p := CanonicalIP(addr, v4Bits, v6Bits)
-	switch {
-	case !p.IsValid():
-		return dst
-	case p.IsSingleIP():
-		return p.Addr().AppendTo(dst)
-	default:
-		return p.AppendTo(dst)
-	}
+	return keytext.CanonicalIP(addr, v4Bits, v6Bits)
 }
 
 // parseHost parses an address as found in RemoteAddr and in forwarding

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/keytext"
 )
 
 func TestRemoteIP(t *testing.T) {
@@ -203,7 +205,7 @@ func TestAppendIP(t *testing.T) {
 		{netip.Addr{}, 32, 64, "x"},
 	}
 	for _, tt := range tests {
-		if got := string(AppendIP([]byte("x"), tt.addr, tt.v4, tt.v6)); got != tt.want {
+		if got := string(keytext.AppendIP([]byte("x"), tt.addr, tt.v4, tt.v6)); got != tt.want {
 			t.Errorf("AppendIP(%v, %d, %d) = %q, want %q", tt.addr, tt.v4, tt.v6, got, tt.want)
 		}
 	}

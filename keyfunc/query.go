@@ -16,12 +16,12 @@ type QueryRequest interface {
 	Query(name string) string
 }
 
-// QueryValue returns the first value of the parameter name in rawQuery, a
+// queryValue returns the first value of the parameter name in rawQuery, a
 // URL's query without the '?', unescaped as url.ParseQuery would ('+' is a
 // space), or "" when there is none. It allocates only for a value that is
 // escaped. Parameters whose name or value is badly escaped are skipped, as
 // url.ParseQuery skips them.
-func QueryValue(rawQuery, name string) string {
+func queryValue(rawQuery, name string) string {
 	for rawQuery != "" {
 		var pair string
 		pair, rawQuery, _ = strings.Cut(rawQuery, "&")
@@ -51,4 +51,4 @@ func QueryValue(rawQuery, name string) string {
 }
 
 // Query implements QueryRequest.
-func (h httpRequest) Query(name string) string { return QueryValue(h.r.URL.RawQuery, name) }
+func (h httpRequest) Query(name string) string { return queryValue(h.r.URL.RawQuery, name) }

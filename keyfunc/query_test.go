@@ -18,8 +18,8 @@ func TestQueryValue(t *testing.T) {
 		{"", "plan", ""},
 		{"planet=1", "plan", ""},
 	} {
-		if got := QueryValue(tc.raw, tc.name); got != tc.want {
-			t.Errorf("QueryValue(%q, %q) = %q, want %q", tc.raw, tc.name, got, tc.want)
+		if got := queryValue(tc.raw, tc.name); got != tc.want {
+			t.Errorf("queryValue(%q, %q) = %q, want %q", tc.raw, tc.name, got, tc.want)
 		}
 		// The same answer as net/url, where net/url has one.
 		if q, err := url.ParseQuery(tc.raw); err == nil && q.Get(tc.name) != tc.want {
@@ -30,7 +30,7 @@ func TestQueryValue(t *testing.T) {
 	if got := r.Query("plan"); got != "free" {
 		t.Errorf("FromHTTP(...).Query = %q", got)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = QueryValue("a=1&plan=free", "plan") }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = queryValue("a=1&plan=free", "plan") }); n != 0 {
 		t.Errorf("%v allocations", n)
 	}
 }

@@ -51,7 +51,8 @@ var floor = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // response writer keeps its header map between requests, so the figures
 // are the middleware's own. floor-5-fields sets five constant fields like
 // the limiter's, without a limiter: the least any limiter sending them
-// could cost.
+// could cost. hot-key-observed is hot-key with an Observer that counts
+// decisions.
 func BenchmarkMiddleware(b *testing.B) {
 	benchMiddleware(b, func() func() http.ResponseWriter {
 		w := &discardWriter{h: make(http.Header, 8)}
@@ -70,6 +71,15 @@ func BenchmarkMiddlewareRecorder(b *testing.B) {
 	})
 }
 
+// decisionCounter is an Observer that counts decisions, as the metrics
+// modules do.
+type decisionCounter struct {
+	middleware.NopObserver
+	n atomic.Int64
+}
+
+func (c *decisionCounter) Decided(keyfunc.Request, *middleware.Result) { c.n.Add(1) }
+
 // benchMiddleware runs the cases of BenchmarkMiddleware, each goroutine
 // taking its response writers from the function newWriter returns.
 func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) {
@@ -79,8 +89,8 @@ func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) 
 		reqs[i] = httptest.NewRequest(http.MethodGet, "/", nil)
 		reqs[i].RemoteAddr = "10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255) + ":1234"
 	}
-	newHandler := func(b *testing.B) http.Handler {
-		lim, err := middleware.New(middleware.PerSecond(1<<40/1000), keyfunc.RemoteIP())
+	newHandler := func(b *testing.B, opts ...middleware.Option) http.Handler {
+		lim, err := middleware.New(middleware.PerSecond(1<<40/1000), keyfunc.RemoteIP(), opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -103,6 +113,9 @@ func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) 
 	b.Run("baseline", func(b *testing.B) { run(b, bare, 1) })
 	b.Run("floor-5-fields", func(b *testing.B) { run(b, floor, 1) })
 	b.Run("hot-key", func(b *testing.B) { run(b, newHandler(b), 1) })
+	b.Run("hot-key-observed", func(b *testing.B) {
+		run(b, newHandler(b, middleware.WithObserver(&decisionCounter{})), 1)
+	})
 	b.Run("distinct-100k", func(b *testing.B) {
 		h := newHandler(b)
 		w := newWriter()

@@ -2,14 +2,14 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 )
 
 // ErrBreakerOpen is the error a Limiter reports, wrapped in ErrStore, for
 // requests decided without the store while its circuit breaker is open.
-var ErrBreakerOpen = errors.New("circuit breaker open")
+var ErrBreakerOpen = errors.New("sluice: circuit breaker open")
 
 // breaker stops calling a failing store for a while, so requests are not
 // held up by a store that is down or timing out: after threshold failures
@@ -79,11 +79,13 @@ const (
 // WithBreaker sets the store's circuit breaker: after failures consecutive
 // store errors the limiter stops calling the store for cooldown and applies
 // the failure policy at once, then lets one request probe the store. The
-// default is 5 failures and one second, for stores that do not follow the
-// health of their servers themselves; the Redis store does (see
-// NewRedisStore), and gets no breaker unless this option sets one.
-// failures = 0 turns the breaker off, so that every request waits for the
-// store (up to its timeout).
+// default is 5 failures and one second, for stores that do not fail fast
+// on their own; the Redis store, which follows the health of its servers
+// (see NewRedisStore), and the in-memory store get no breaker unless this
+// option sets one (see StoreTraits.FailsFast). failures = 0 turns the
+// breaker off, so that every request waits for the store (up to its
+// timeout). Observer.BreakerChanged reports the breaker opening and
+// closing.
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(c *config) {
 		if failures < 0 || failures > 0 && cooldown <= 0 {
@@ -91,13 +93,6 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 		}
 		c.breakerFailures, c.breakerCooldown, c.breakerSet = failures, cooldown, true
 	}
-}
-
-// WithOnBreakerChange calls fn when the circuit breaker opens (true: the
-// store is being bypassed and the failure policy decides) and when it closes
-// again. Use it to log or alert on store outages.
-func WithOnBreakerChange(fn func(open bool)) Option {
-	return func(c *config) { c.onBreaker = fn }
 }
 
 func (c *config) newBreaker() *breaker {
@@ -116,23 +111,27 @@ func (c *config) newBreaker() *breaker {
 	}
 }
 
-var errBreakerOpen = fmt.Errorf("%w: %w", ErrStore, ErrBreakerOpen)
+// errBreakerOpen is ErrBreakerOpen wrapped in ErrStore:
+// "sluice: store failed: circuit breaker open", with the prefix once.
+var errBreakerOpen error = storeError{ErrBreakerOpen}
+
+// storeError wraps, in ErrStore, an error of this package that has the
+// "sluice: " prefix already.
+type storeError struct{ err error }
+
+func (e storeError) Error() string {
+	return ErrStore.Error() + ": " + strings.TrimPrefix(e.err.Error(), "sluice: ")
+}
+
+func (e storeError) Unwrap() []error { return []error{ErrStore, e.err} }
 
 // breakerHook returns what the breaker calls when it opens or closes: the
-// WithOnBreakerChange function and every Observer.
+// observers' BreakerChanged, or nil.
 func (c *config) breakerHook() func(bool) {
-	if len(c.observers) == 0 {
-		return c.onBreaker
+	if c.obs == nil {
+		return nil
 	}
-	fn, obs := c.onBreaker, c.observers
-	return func(open bool) {
-		if fn != nil {
-			fn(open)
-		}
-		for _, o := range obs {
-			o.BreakerChanged(open)
-		}
-	}
+	return c.obs.BreakerChanged
 }
 
 // isOpen reports whether the breaker is open (or half-open, probing).

@@ -37,12 +37,12 @@ func TestBreaker(t *testing.T) {
 	lim := newLimiter(t, middleware.PerSecond(100), keyfunc.RemoteIP(),
 		middleware.WithStore(store), middleware.WithClock(clock.Now),
 		middleware.WithBreaker(3, time.Second),
-		middleware.WithOnBreakerChange(func(open bool) { changes = append(changes, open) }))
+		middleware.WithObserver(&middleware.Hooks{OnBreakerChanged: func(open bool) { changes = append(changes, open) }}))
 	h := lim.Handler(ok)
 	step := func(name string, wantCalls int64, wantCode int, wantErr error) {
 		t.Helper()
 		res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1")))
-		if err != nil || !res.Allowed || !errors.Is(res.Err, wantErr) {
+		if err != nil || !res.Allowed || !errors.Is(res.StoreErr, wantErr) {
 			t.Fatalf("%s: Decide = %+v, %v; want allowed with error %v", name, res, err, wantErr)
 		}
 		if got := store.calls.Load(); got != wantCalls {
@@ -71,7 +71,7 @@ func TestBreaker(t *testing.T) {
 	store.down.Store(false)
 	clock.Add(time.Second)
 	res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1")))
-	if err != nil || res.Err != nil || !res.Limited || store.calls.Load() != 5 {
+	if err != nil || res.StoreErr != nil || !res.Applied || store.calls.Load() != 5 {
 		t.Fatalf("probe after recovery: %+v, %v, %d calls", res, err, store.calls.Load())
 	}
 	if len(changes) != 2 || changes[1] {

@@ -9,13 +9,25 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
 // Slot is one request's hold on a concurrency limit (Rule.Concurrency): one
 // of at most Limit requests of a rule and key in flight at once.
-type Slot = window.Slot
+type Slot struct {
+	// Key and Name identify the counter, as for a Charge. A store that
+	// keeps Key must copy it.
+	Key, Name string
+	// Limit is how many slots of (Name, Key) may be held at once.
+	Limit int
+	// ID identifies this hold among the others of the counter: a random
+	// string, unique per request, that Release and Renew name.
+	ID string
+	// Lease is how long a store that is shared by several processes keeps
+	// the slot unless it is renewed or released, so that the slots of a
+	// process that died come back.
+	Lease time.Duration
+}
 
 // SlotStore is implemented by stores that can limit concurrency: the
 // in-memory store and the Redis store. A rule with Concurrency needs one.
@@ -69,6 +81,7 @@ type hold struct {
 	l     *Limiter
 	slots []heldSlot
 	once  sync.Once
+	ov    *overloadHold // places under the capacity signals (adaptive.go)
 }
 
 type heldSlot struct {
@@ -84,7 +97,10 @@ type slotRequest struct {
 }
 
 // Done gives back the concurrency slots the request holds (see
-// Rule.Concurrency). Front ends call it once the handler has returned,
+// Rule.Concurrency) and its places under adaptive concurrency limits, and
+// reports its latency to the capacity signals (Rule.AdaptiveConcurrency,
+// Limit.Ceiling), which count it in flight until then. Front ends call it
+// once the handler has returned,
 // whether it returned normally, panicked or saw its client go away;
 // Handler and the Gin, Echo and Fiber adapters do. It is safe to call on
 // any Result, more than once, and from any goroutine: slots are given back
@@ -97,6 +113,7 @@ func (res *Result) Done() {
 
 func (h *hold) release() {
 	h.once.Do(func() {
+		h.releaseOverload()
 		h.l.untrack(h)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -145,7 +162,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 			}
 			h.releaseNow()
 			return nil, &Result{
-				Limited: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
+				Applied: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
 				Remaining: 0, RetryAfter: ConcurrencyRetryAfter, NextAfter: ConcurrencyRetryAfter,
 				Concurrency: true, InFlight: held, status: q.rule.ConcurrencyStatus,
 				Rule: q.rule.Name, key: q.key,
@@ -176,6 +193,7 @@ type renewer struct {
 	active map[*hold]struct{}
 	stop   chan struct{}
 	done   chan struct{}
+	closed bool // by Limiter.Close: no renewal starts again
 }
 
 func (l *Limiter) track(h *hold) {
@@ -186,7 +204,7 @@ func (l *Limiter) track(h *hold) {
 		r.active = make(map[*hold]struct{})
 	}
 	r.active[h] = struct{}{}
-	if r.stop == nil && l.cfg.slotsShared {
+	if r.stop == nil && l.cfg.slotsShared && !r.closed {
 		r.stop, r.done = make(chan struct{}), make(chan struct{})
 		go l.renewLoop(r.stop, r.done)
 	}
@@ -240,13 +258,13 @@ func (l *Limiter) renewAll() {
 	}
 }
 
-// stopRenewer stops the renewal of leases; slots still held then expire
-// after their lease.
+// stopRenewer stops the renewal of leases for good; slots still held, and
+// slots taken later, then expire after their lease.
 func (l *Limiter) stopRenewer() {
 	r := &l.renew
 	r.mu.Lock()
 	stop, done := r.stop, r.done
-	r.stop = nil
+	r.stop, r.closed = nil, true
 	r.mu.Unlock()
 	if stop != nil {
 		close(stop)

@@ -1,13 +1,3 @@
-// Package middleware rate-limits HTTP handlers with a sliding-window
-// counter.
-//
-// A Limiter holds rules (who is counted, how much they may do), a Store that
-// counts (in memory by default, or Redis for many app servers), and how to
-// answer: headers, the 429 response, and what to do when the store fails.
-// Handler wraps a net/http handler; Decide is the framework-neutral call
-// that the Gin, Echo and Fiber adapters use.
-//
-// A Limiter is safe for concurrent use.
 package middleware
 
 import (
@@ -21,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/headerwrite"
+	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -38,10 +30,22 @@ type Limiter struct {
 	waiting atomic.Int64
 	// unmatched is the UnmatchedPolicy in force.
 	unmatched atomic.Uint32
+	// clients holds bans and per-client overrides (ban.go, override.go).
+	clients clientState
+	// ov holds the capacity signals (adaptive.go, elastic.go).
+	ov        overload
+	closeOnce sync.Once
 }
 
 type ruleSet struct {
 	rules []*compiledRule
+	// counting are the rules that count by outcome (Rule.Count).
+	counting countingRules
+	// banning is set when a limit has a Ban (or a rule a LimitsFunc, whose
+	// limits may).
+	banning bool
+	// overload reports that a rule has AdaptiveConcurrency.
+	overload bool
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -72,9 +76,10 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
 	if err := l.SetRules(rules); err != nil {
-		l.cfg.closeOwned()
+		l.cfg.release()
 		return nil, err
 	}
+	l.startClientSync()
 	return l, nil
 }
 
@@ -87,6 +92,11 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err != nil {
 		return err
 	}
+	if set.counting != nil {
+		if err := l.checkRefunder(set); err != nil {
+			return err
+		}
+	}
 	if l.cfg.slots == nil {
 		for _, r := range set.rules {
 			if r.Concurrency > 0 {
@@ -94,6 +104,7 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
 }
@@ -115,24 +126,36 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 		seen[r.Name] = true
 		set.rules = append(set.rules, c)
 	}
+	set.counting = counting(set.rules)
+	set.banning = banning(set.rules)
 	return set, nil
 }
 
-// Close releases what the limiter started itself: the sweeper of the
-// default in-memory store. A Store passed with WithStore is the caller's to
-// close.
+// Close stops what the limiter started itself, for good: the renewal of
+// the leases of concurrency slots, the publishing of spare capacity, and
+// the stores it made (the default in-memory store and FailLocal's default
+// fallback), whose goroutines have returned when Close returns. It removes
+// the limiter's Observers from its stores. A store given to WithStore or
+// WithFallbackStore is the caller's: Close does not close it (close it
+// after the Limiter).
 //
-// Close also stops renewing the leases of the concurrency slots of
-// requests still in flight: on a shared store they are then freed when
-// their lease ends, if the requests do not end first.
+// The leases of the concurrency slots of requests still in flight, and of
+// any taken after Close, are not renewed: on a shared store such slots
+// are freed when their lease ends, if the requests do not end first. Close
+// is idempotent and safe for concurrent use; later calls return nil.
 func (l *Limiter) Close() error {
-	l.stopRenewer()
-	return l.cfg.closeOwned()
+	var err error
+	l.closeOnce.Do(func() {
+		l.stopRenewer()
+		l.stopFleet()
+		l.stopClientSync()
+		err = l.cfg.release()
+	})
+	return err
 }
 
-// Result is the outcome of Decide.
-// Outcome is how a request was decided, as reported to WithOnDecision and
-// to metrics.
+// Outcome is how a request was decided, as reported to Observer.Decided
+// (and so to metrics and logs).
 type Outcome uint8
 
 // The outcomes.
@@ -190,15 +213,20 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Result is what Decide found for one request: whether it may proceed,
+// the binding limit and where it stands (for the rate-limit headers and
+// the 429), and how the request was decided (Outcome). WriteHeaders turns
+// it into response headers; Done gives back the concurrency slots it
+// holds.
 type Result struct {
 	// Allowed reports whether the request may proceed. In shadow mode it
 	// is true even when a limit was exceeded; see Shadowed.
 	Allowed bool
-	// Limited reports whether any limit applied to the request. When it is
+	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
 	// policy is to fail open) the other fields are zero and no rate-limit
 	// headers are sent.
-	Limited bool
+	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
 	Shadowed bool
@@ -223,11 +251,14 @@ type Result struct {
 	RetryAfter time.Duration
 	// Cost is what the request was charged under the binding limit.
 	Cost int
-	// Err is the store error a fail-open or fallback limiter absorbed, or
-	// the error Decide returned.
-	Err error
-	// Outcome says how the request was decided; WithOnDecision sees every
-	// request Decide handles, exactly once, with its Outcome.
+	// StoreErr is the store error that a limiter failing open, or deciding
+	// with its local fallback (FailLocal), absorbed: the request was
+	// decided all the same (OutcomeFailedOpen, OutcomeFallback), and Decide
+	// returned no error. It wraps ErrStore. An error that left the request
+	// undecided is Decide's own returned error, not StoreErr.
+	StoreErr error
+	// Outcome says how the request was decided; Observer.Decided sees
+	// every request Decide handles, exactly once, with its Outcome.
 	Outcome Outcome
 	// Rule is the name of the rule of the binding limit (for a request
 	// that could not be decided, of the first rule that applied).
@@ -246,14 +277,28 @@ type Result struct {
 	// Delay is how long an admitted request waited for its turn in a
 	// leaky bucket's queue (LeakyBucket) before Decide returned.
 	Delay time.Duration
+	// Banned reports that the request was denied because its client is
+	// banned (Limit.Ban): RetryAfter is the time left of the ban.
+	Banned bool
+	// Shed reports that an adaptive concurrency limit refused the request
+	// (Rule.AdaptiveConcurrency); Concurrency is set too, and Limit is the
+	// threshold of the request's Priority.
+	Shed bool
+	// Priority is the request's priority, when an adaptive concurrency
+	// limit applied to it.
+	Priority Priority
+	// Elastic reports that the request was admitted past its limit, on
+	// the headroom an elastic limit (Limit.Ceiling) had open.
+	Elastic bool
 
 	policies string
-	status   int    // the status of a concurrency denial, 0 for 429
-	hold     *hold  // concurrency slots to give back (Done)
-	key      string // the binding limit's key, for hashed logs
-	blocked  bool   // denied by a Deny rule
+	status   int         // the status of a concurrency denial, 0 for 429
+	hold     *hold       // concurrency slots to give back (Done)
+	settle   *settlement // charges to give back if the response does not count (Finish)
+	key      string      // the binding limit's key, for hashed logs
+	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
-	prepared *headers.Prepared
+	prepared *headerwrite.Prepared
 }
 
 // Decide rate-limits one request: it finds the rules that apply, computes
@@ -276,7 +321,6 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 	err := l.decide(r, res)
 	if err != nil {
-		res.Err = err
 		switch {
 		case res.Outcome != 0:
 		case errors.Is(err, keyfunc.ErrNoKey):
@@ -285,24 +329,93 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 			res.Outcome = OutcomeError
 		}
 	}
-	if l.cfg.hookDec != nil || len(l.cfg.observers) > 0 {
-		l.cfg.observe(r, *res) // a copy of the Result, made only when needed
+	if l.cfg.obs != nil {
+		l.cfg.decided(r, res)
 	}
 	return err
 }
 
-// decide decides r into res, which must be zero.
+// decide decides r into res, which must be zero. It runs the steps of a
+// decision in order; each step either leaves the decision to the next or
+// ends it, with res written.
 func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
 
+	matched, err := l.matchRules(set, r, s, res)
+	if err != nil {
+		return err
+	}
+	if s.blocked != nil {
+		l.denyRule(s.blocked, res)
+		return nil
+	}
+	oh, shed := l.admitOverload(r, s, res)
+	if shed {
+		return nil
+	}
+	defer l.settleOverload(oh, s, res)
+	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
+		l.unlimited(matched, s, res)
+		return nil
+	}
+	ctx := r.Context()
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	s.counting, s.banning = set.counting, set.banning || l.clients.overrides.n.Load() > 0
+	if s.banning && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Banned, res.Outcome = true, OutcomeDenied
+		return nil
+	}
+	res.Allowed = true // res is zero
+	var d decision
+	if len(s.slots) > 0 {
+		if done, err := l.takeSlots(ctx, now, r, s, res, &d); done {
+			return err
+		}
+	}
+	if len(s.charges) > 0 {
+		if done, err := l.charge(ctx, now, r, s, res, &d); done {
+			return err
+		}
+	}
+	if res.Delay > 0 && !l.cfg.shadow {
+		if err := l.waitTurn(ctx, now, r, s, res, &d); err != nil {
+			return err
+		}
+	}
+	if len(s.shadow) > 0 && res.Allowed {
+		l.chargeShadow(ctx, now, r, s, res)
+	}
+	l.outcome(s, res, &d)
+	return nil
+}
+
+// decision is what the steps of decide hand on to each other beyond the
+// Result.
+type decision struct {
+	// hold is the concurrency slots the request took, nil if none.
+	hold *hold
+	// slotShadowed reports that a shadow concurrency limit had no free
+	// slot.
+	slotShadowed bool
+}
+
+// matchRules is the first step of decide: it finds the rules that apply
+// to r and adds their charges, slots and Deny rules to s. It reports
+// whether any rule matched (skipped or not). A rule whose key or limits
+// cannot be computed ends the decision with its error, and res names the
+// rule.
+func (l *Limiter) matchRules(set *ruleSet, r keyfunc.Request, s *scratch, res *Result) (matched bool, err error) {
 	method, p := r.Method(), ""
-	matched := false
 	for _, rule := range set.rules {
-		if !rule.match.all || rule.methods != 0 || len(rule.other) > 0 {
+		if !rule.match.All || rule.methods != 0 || len(rule.other) > 0 {
 			if p == "" {
-				p = cleanPath(r.Path())
+				p = pathmatch.Clean(r.Path())
 			}
 			if !rule.matches(method, p) {
 				continue
@@ -315,109 +428,139 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		if rule.Skip != nil && rule.Skip(r) {
 			continue
 		}
+		if rule.overloadRule && s.noteOverload(rule) {
+			continue
+		}
 		if err := l.addCharges(s, rule, r); err != nil {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
 			}
 			*res = Result{Rule: rule.Name}
-			return err
+			return matched, err
 		}
 	}
-	if b := s.blocked; b != nil {
-		// A Deny rule: nothing is charged, and no slot was taken yet.
-		*res = Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
-		if l.cfg.shadow {
-			res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
-		}
-		return nil
+	return matched, nil
+}
+
+// denyRule decides a request that a Deny rule b turns away: nothing is
+// charged, and no slot was taken yet.
+func (l *Limiter) denyRule(b *compiledRule, res *Result) {
+	*res = Result{Policy: b.Name, Rule: b.Name, RetryAfter: -1, blocked: true, Outcome: OutcomeDenied}
+	if l.cfg.shadow {
+		res.Allowed, res.Shadowed, res.RetryAfter, res.Outcome = true, true, 0, OutcomeShadowDenied
 	}
-	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
-		if !matched && l.unmatched.Load() == uint32(UnmatchedDeny) {
-			*res = l.unmatchedResult()
-			return nil
-		}
-		if s.shadowBlocked != nil {
-			*res = Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}
-			return nil
-		}
+}
+
+// unlimited decides a request that no limit applies to: unmatched (and
+// denied if the limiter denies such requests), or allowed.
+func (l *Limiter) unlimited(matched bool, s *scratch, res *Result) {
+	switch {
+	case !matched && l.unmatched.Load() == uint32(UnmatchedDeny):
+		*res = l.unmatchedResult()
+	case s.shadowBlocked != nil:
+		*res = Result{Allowed: true, Shadowed: true, ShadowPolicy: s.shadowBlocked.Name, Outcome: OutcomeShadowDenied}
+	default:
 		*res = Result{Allowed: true, Outcome: OutcomeUnlimited}
-		return nil
 	}
-	ctx := r.Context()
-	var now time.Time
-	if l.cfg.clock != nil {
-		now = l.cfg.clock()
+}
+
+// takeSlots takes a slot of every concurrency limit of the request,
+// before any rate limit: a request a concurrency limit turns away is
+// charged to no rate limit. It reports done when that ends the decision:
+// a denial, or a store failure under FailClosed (err).
+func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
+	h, denied, shadowed, err := l.acquire(ctx, now, r, s.slots)
+	if err != nil {
+		*res = Result{}
+		return true, err
 	}
-	res.Allowed = true // res is zero
-	var h *hold
-	slotShadowed := false
-	if len(s.slots) > 0 {
-		// Slots first: a request a concurrency limit turns away is
-		// charged to no rate limit.
-		var denied *Result
-		var err error
-		h, denied, slotShadowed, err = l.acquire(ctx, now, r, s.slots)
-		if err != nil {
-			*res = Result{}
-			return err
+	if denied != nil {
+		denied.Outcome = OutcomeDenied
+		*res = *denied
+		return true, nil
+	}
+	d.hold, d.slotShadowed = h, shadowed
+	return false, nil
+}
+
+// charge asks the store to decide the request's charges and folds its
+// decisions into res. When the store fails, the failure policy decides;
+// charge reports done when that ends the decision (the request failed
+// open, or could not be decided: err).
+func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
+	s.decisions = grow(s.decisions, len(s.charges))
+	if s.counting != nil {
+		s.atp = &s.at
+	}
+	allowed, err := l.takeElastic(ctx, now, s)
+	if err == nil {
+		if !allowed && s.banning && !l.cfg.shadow {
+			res.Banned = l.startBans(ctx, now, r, s)
 		}
-		if denied != nil {
-			denied.Outcome = OutcomeDenied
-			*res = *denied
-			return nil
-		}
+		s.result(res, allowed, s.charges, s.decisions, s.metas)
+		return false, nil
 	}
-	if len(s.charges) > 0 {
-		s.decisions = grow(s.decisions, len(s.charges))
-		allowed, err := l.take(ctx, now, s.charges, s.decisions)
-		if err != nil {
-			*res, err = l.storeFailed(ctx, now, r, s, err)
-			if err != nil || !res.Limited {
-				if err != nil || !res.Allowed {
-					h.releaseNow()
-				} else {
-					res.hold = h
-				}
-				res.Shadowed = res.Shadowed || slotShadowed
-				return err
-			}
-		} else {
-			s.result(res, allowed, s.charges, s.decisions, s.metas)
-		}
+	*res, err = l.storeFailed(ctx, now, r, s, err)
+	if err == nil && res.Applied {
+		return false, nil // the local fallback decided
 	}
-	if res.Delay > 0 && !l.cfg.shadow {
-		if err := l.wait(ctx, now, r, s, res); err != nil {
-			h.releaseNow()
-			res.Outcome = OutcomeGaveUp
-			return err
-		}
+	if err != nil || !res.Allowed {
+		d.hold.releaseNow()
+	} else {
+		res.hold = d.hold
 	}
-	// A request the enforced rules deny is charged to no rule, shadow
-	// rules included.
-	if len(s.shadow) > 0 && res.Allowed {
-		s.shadowDec = grow(s.shadowDec, len(s.shadow))
-		allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
-		if err != nil {
-			l.cfg.report(r, err)
-		} else if !allowed {
-			var shadow Result
-			s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
-			res.Shadowed = true
-			res.ShadowPolicy = shadow.Policy
-		}
+	res.Shadowed = res.Shadowed || d.slotShadowed
+	return true, err
+}
+
+// waitTurn holds a request that a leaky bucket admitted with a Delay until
+// its turn. A client that goes away first ends the decision (OutcomeGaveUp)
+// with the error.
+func (l *Limiter) waitTurn(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) error {
+	if err := l.wait(ctx, now, r, s, res); err != nil {
+		d.hold.releaseNow()
+		res.Outcome = OutcomeGaveUp
+		return err
 	}
+	return nil
+}
+
+// chargeShadow charges an allowed request to the shadow rules, which
+// deny nothing: res only notes that one would have denied (Shadowed). A
+// request the enforced rules deny is charged to no rule, shadow rules
+// included.
+func (l *Limiter) chargeShadow(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result) {
+	s.shadowDec = grow(s.shadowDec, len(s.shadow))
+	allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
+	if err != nil {
+		l.cfg.report(r, err)
+	} else if !allowed {
+		var shadow Result
+		s.result(&shadow, false, s.shadow, s.shadowDec, s.shadowMetas)
+		res.Shadowed = true
+		res.ShadowPolicy = shadow.Policy
+	}
+}
+
+// outcome is the last step of decide: shadow mode lets a denied request
+// through, the request keeps its concurrency slots if it proceeds (and
+// gives them back if not), and res gets its Outcome.
+func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	if l.cfg.shadow && !res.Allowed {
 		res.Allowed, res.Shadowed = true, true
 		res.RetryAfter = 0
 	}
-	res.Shadowed = res.Shadowed || slotShadowed
+	res.Shadowed = res.Shadowed || d.slotShadowed
 	if s.shadowBlocked != nil && res.Allowed && !res.Shadowed {
 		res.Shadowed, res.ShadowPolicy = true, s.shadowBlocked.Name
 	}
 	if res.Allowed {
-		res.hold = h
+		res.hold = d.hold
+		if s.counting != nil && !s.at.IsZero() {
+			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges)
+		}
 	} else {
-		h.releaseNow()
+		d.hold.releaseNow()
 	}
 	if res.Outcome == 0 {
 		switch {
@@ -429,10 +572,19 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 			res.Outcome = OutcomeAllowed
 		}
 	}
-	return nil
 }
 
+// take asks the store to decide charges at now. takeAt is take for
+// charges that include some of rules that count by outcome: *at is set to the
+// instant the store admitted them at (zero if it did not), and denials are
+// not remembered by the deny cache, since the charges of requests in
+// flight may yet be given back.
 func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return l.takeAt(ctx, now, charges, out, nil)
+}
+
+// takeAt is take that, when at is not nil, also sets *at (see take).
+func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
 	dc := l.cfg.denyCache
 	var local time.Time
 	if dc != nil {
@@ -442,14 +594,14 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		if local.IsZero() {
 			local = time.Now()
 		}
-		if i, d, ok := dc.Lookup(local, charges); ok {
+		if i, d, ok := dc.Lookup(local, internalCharges(charges)); ok {
 			// The store would deny too. The other charges were not
 			// decided; they are reported as not binding.
 			for j := range out {
 				out[j] = Decision{Allowed: true}
 			}
-			out[i] = d
-			for _, o := range l.cfg.observers {
+			out[i] = Decision(d)
+			if o := l.cfg.obs; o != nil {
 				o.DenyCacheHit(charges[i].Name)
 			}
 			yieldSometimes()
@@ -461,18 +613,16 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 		return false, errBreakerOpen
 	}
 	var began time.Time
-	if len(l.cfg.observers) > 0 {
+	o := l.cfg.obs
+	if o != nil {
 		began = time.Now()
 	}
-	ok, err := l.cfg.store.Take(ctx, now, charges, out)
-	if len(l.cfg.observers) > 0 {
-		d := time.Since(began)
-		for _, o := range l.cfg.observers {
-			o.StoreCalled(d, err)
-		}
+	ok, err := l.storeTake(l.cfg.store, ctx, now, charges, out, at)
+	if o != nil {
+		o.StoreCalled(time.Since(began), err)
 	}
-	if err == nil && !ok && dc != nil {
-		dc.Record(local, charges, out)
+	if err == nil && !ok && dc != nil && at == nil {
+		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {
 		if b != nil {
@@ -489,23 +639,28 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 // storeFailed applies the failure policy to a store error. s still holds
 // the request's charges, so a local fallback can decide them.
 func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, err error) (Result, error) {
-	if !errors.Is(err, ErrBreakerOpen) { // WithOnBreakerChange reports those
+	if !errors.Is(err, ErrBreakerOpen) { // BreakerChanged reports those
 		l.cfg.report(r, err)
 	}
 	switch l.cfg.failure {
 	case FailClosed:
 		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
-		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
+		var at *time.Time
+		if l.rules.Load().counting != nil {
+			at = &s.at
+		}
+		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, at)
+		s.store = l.cfg.fallback
 		if ferr == nil {
 			var res Result
 			s.result(&res, allowed, s.charges, s.decisions, s.metas)
-			res.Err, res.Outcome = err, OutcomeFallback
+			res.StoreErr, res.Outcome = err, OutcomeFallback
 			return res, nil
 		}
 		l.cfg.report(r, fmt.Errorf("%w: fallback: %w", ErrStore, ferr))
 	}
-	return Result{Allowed: true, Err: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
+	return Result{Allowed: true, StoreErr: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
 
 // addCharges appends the charges of rule for r to s.
@@ -543,12 +698,23 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	cost = max(cost, 1)
 	limits, nominal, names, policy, prepared := rule.limits, rule.nominal, rule.names, rule.policy, rule.prepared
+	elastic := rule.elastic
 	if rule.LimitsFunc != nil {
 		prepared = nil
 		var err error
-		if limits, nominal, names, policy, err = rule.dynamic(r, key); err != nil {
+		if limits, nominal, names, policy, elastic, err = rule.dynamic(r, key); err != nil {
 			return err
 		}
+	}
+	if l.clients.overrides.n.Load() > 0 {
+		if cl := l.overrideFor(rule, key); cl != nil {
+			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
+			elastic = false // overrides have no Ceiling
+		}
+	}
+	if elastic && !rule.Shadow {
+		nominal, policy = l.elasticLimits(s, len(s.charges), nominal, names)
+		prepared = nil
 	}
 	dst, metas := &s.charges, &s.metas
 	if rule.Shadow {
@@ -566,29 +732,38 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 }
 
 // dynamic computes the limits of a rule with a LimitsFunc.
-func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, err error) {
+func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal []Limit, names []string, policy string, elastic bool, err error) {
 	// A copy: the charges' metadata points into it until the result is
 	// made, and a LimitsFunc may reuse the slice it returns.
 	nominal = append([]Limit(nil), c.LimitsFunc(r, key)...)
 	ps := make([]headers.Policy, len(nominal))
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
+		if !c.Count.IsZero() {
+			if err := refundable(lim); err != nil {
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			}
+		}
+		if err := validateCeiling(lim); err != nil {
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		elastic = elastic || lim.Ceiling > 0
 		for _, prev := range nominal[:i] {
 			if windowName(prev) == windowName(lim) {
-				return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: two limits with window %s; one limit per window", c.Name, windowName(lim))
 			}
 		}
 		eff, err := withOverage(lim, c.Overage)
 		if err != nil {
-			return nil, nil, nil, "", fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
 		}
 		limits = append(limits, eff)
 		names = append(names, policyName(c.Name, lim, len(nominal)))
 		ps[i] = policyOf(names[i], lim)
 	}
-	return limits, nominal, names, headers.FormatPolicies(ps...), nil
+	return limits, nominal, names, headers.FormatPolicies(ps...), elastic, nil
 }
 
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
@@ -603,10 +778,10 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		}
 		return
 	}
-	if !res.Limited || l.cfg.style == headers.None && res.Allowed {
+	if !res.Applied || l.cfg.style == headers.None && res.Allowed {
 		return
 	}
-	v := headers.Values{
+	v := headerwrite.Values{
 		Name:       res.Policy,
 		Limit:      res.Limit.Capacity(),
 		Remaining:  res.Remaining,
@@ -614,12 +789,11 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		Next:       res.NextAfter,
 		RetryAfter: res.RetryAfter,
 		Policy:     res.policies,
-		Prepared:   res.prepared,
 	}
 	if res.Allowed {
 		v.RetryAfter = 0
 	}
-	headers.Write(s, l.cfg.style, &v)
+	headerwrite.Write(s, headerwrite.Style(l.cfg.style), &v, res.prepared)
 }
 
 // Handler returns middleware that rate-limits next: requests within their
@@ -641,6 +815,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		if !res.Allowed {
 			denied := res // a copy, so that res itself stays on the stack
 			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))
+			return
+		}
+		if res.settle != nil {
+			l.serveCounted(w, r, next, &res)
 			return
 		}
 		if res.hold != nil {
@@ -678,6 +856,17 @@ type scratch struct {
 	slots                []slotRequest
 	// blocked and shadowBlocked are the first Deny rules that applied.
 	blocked, shadowBlocked *compiledRule
+	// at is the instant the store admitted the charges at, when some
+	// count by outcome, and store the store that did.
+	at    time.Time
+	atp   *time.Time
+	store Store
+	// counting are the rules that count by outcome, and banning is set
+	// when a limit may ban (or an override applies): the ruleSet's, for
+	// the steps of decide.
+	counting countingRules
+	banning  bool
+	overloadScratch
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -686,7 +875,7 @@ type chargeMeta struct {
 	name     string
 	nominal  *Limit // the rule's own, never written to
 	policy   string
-	prepared *headers.Prepared // nil for a LimitsFunc's limits
+	prepared *headerwrite.Prepared // nil for a LimitsFunc's limits
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -705,6 +894,8 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
+	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
+	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]
 	scratchPool.Put(s)
@@ -722,7 +913,7 @@ func grow[T any](s []T, n int) []T {
 // longest wait or, when allowed, the one with the fewest requests
 // remaining.
 func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decision, metas []chargeMeta) {
-	res.Allowed, res.Limited = allowed, true
+	res.Allowed, res.Applied = allowed, true
 	best := -1
 	for i := range ds {
 		d := &ds[i]

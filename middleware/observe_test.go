@@ -15,13 +15,13 @@ import (
 	"github.com/sluicehq/sluice/middleware"
 )
 
-// outcomes records what WithOnDecision reports.
+// outcomes records what Observer.Decided reports.
 type outcomes struct {
 	mu  sync.Mutex
 	got []middleware.Outcome
 }
 
-func (o *outcomes) record(_ keyfunc.Request, res middleware.Result) {
+func (o *outcomes) record(_ keyfunc.Request, res *middleware.Result) {
 	o.mu.Lock()
 	o.got = append(o.got, res.Outcome)
 	o.mu.Unlock()
@@ -36,7 +36,7 @@ func (o *outcomes) take() []middleware.Outcome {
 }
 
 // TestEveryDecisionObserved: every request Decide handles reaches
-// WithOnDecision exactly once, with its outcome, whatever the store does
+// Observer.Decided exactly once, with its outcome, whatever the store does
 // and whatever the failure policy, the breaker included.
 func TestEveryDecisionObserved(t *testing.T) {
 	t.Parallel()
@@ -81,7 +81,7 @@ func TestEveryDecisionObserved(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var o outcomes
-			lim, err := middleware.NewRules(rules(), append(tt.opts, middleware.WithClock(newClock(t0).Now), middleware.WithOnDecision(o.record))...)
+			lim, err := middleware.NewRules(rules(), append(tt.opts, middleware.WithClock(newClock(t0).Now), middleware.WithObserver(&middleware.Hooks{OnDecided: o.record}))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +145,7 @@ func TestObserverAndLogger(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil))
 	store := &failingStore{}
 	lim := newLimiter(t, middleware.PerMinute(1), keyfunc.RemoteIP(), middleware.WithStore(store),
-		middleware.WithBreaker(2, time.Hour), middleware.WithObserver(&rec), middleware.WithLogger(logger))
+		middleware.WithBreaker(2, time.Hour), middleware.WithObserver(&rec), middleware.WithObserver(middleware.NewLogObserver(logger)))
 	h := lim.Handler(ok)
 	for range 5 {
 		do(h, get("192.0.2.99:1"))
@@ -174,7 +174,7 @@ func TestObserverAndLogger(t *testing.T) {
 	// A memory store: denials sampled with the key hashed, deny cache off.
 	var buf2 bytes.Buffer
 	lim2, err := middleware.NewRules([]middleware.Rule{{Name: "r", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1)}}},
-		middleware.WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: &buf2}, nil))))
+		middleware.WithObserver(middleware.NewLogObserver(slog.New(slog.NewTextHandler(&syncWriter{w: &buf2}, nil)))))
 	if err != nil {
 		t.Fatal(err)
 	}

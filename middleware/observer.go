@@ -1,65 +1,256 @@
 package middleware
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/memstore"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
-// Observer is told what a Limiter does, for metrics and logs: the nested
-// modules middleware/metrics/prometheus and middleware/metrics/otel
-// implement it, and WithLogger installs one that logs through log/slog.
-// Embed NopObserver to implement only some methods. Methods are called on
-// the request's goroutine (StoreHealth on a store's) and must be fast and
-// safe for concurrent use; they must not keep the Request past the call.
+// Observer is told what a Limiter and its store do. It is the one way to
+// observe sluice: the metrics of the nested modules
+// middleware/metrics/prometheus and middleware/metrics/otel, the logs of
+// NewLogObserver and one-off hooks (Hooks, a struct of optional functions)
+// are all Observers, given to a Limiter with WithObserver. A Limiter passes
+// its Observers on to a store that has events of its own (an
+// ObservableStore, such as RedisStore) from New until Close.
+//
+// Each method is one event:
+//
+//   - Decided: every request Decide (and so Handler and every adapter)
+//     handles, exactly once, with its Result; Result.Outcome says how it
+//     was decided. Requests WithSkip exempts never reach Decide.
+//   - StoreCalled: every call of the store's Take, with how long it took
+//     and its error (nil on success). While the circuit breaker is open
+//     the store is not called.
+//   - StoreFailed: every store failure, whatever the failure policy, so
+//     that fail-open outages are seen: the store's Take (not while the
+//     circuit breaker is open: BreakerChanged reports that), the fallback
+//     store's, taking, renewing and giving back concurrency slots, giving
+//     back a place in a leaky bucket's queue. r is the request being
+//     decided, or nil for a failure that belongs to no request (renewing
+//     the leases of concurrency slots, giving slots back after a handler
+//     returned, publishing spare capacity). err wraps ErrStore.
+//   - DenyCacheHit: the deny cache turned a request away without asking
+//     the store; rule is the rule of the denying limit.
+//   - BreakerChanged: the Limiter's circuit breaker opened (the store is
+//     bypassed and the failure policy decides) or closed again.
+//   - StoreHealth: a server of the store went down (with the cause) or
+//     came back. The RedisStore follows each server on its own: on Redis
+//     Cluster the event names the node, and one node going down affects
+//     only the requests for counters it holds.
+//   - StoreBatch: a store that batches decisions (RedisStore) sent a
+//     batch of that many decisions to a server in one round trip.
+//   - CapacityChanged: a capacity signal moved: the adaptive limit of a
+//     rule with AdaptiveConcurrency, or the spare capacity of the
+//     Limiter's signal for elastic limits (at most about once per 100ms
+//     window of samples each).
+//   - ElasticChanged: the effective limit of an elastic limit
+//     (Limit.Ceiling) of a rule with static limits moved.
+//   - Shed: an adaptive concurrency limit of rule refused a request of
+//     priority p.
+//   - BanStarted: a limit with a Ban (Limit.Ban) refused a client of
+//     rule, which is banned for d from now.
+//   - ClientState: how many per-client overrides (Limiter.SetOverride) and
+//     bans are in force, with a shared store those of the fleet: reported
+//     when this Limiter changes an override and at every sync interval
+//     (WithClientSync).
+//
+// Methods are called on the goroutine of the request they concern, or of
+// the Limiter's background work (renewing leases, publishing spare
+// capacity) for events of no request, or of the store for StoreHealth and
+// StoreBatch. They must be fast and safe for
+// concurrent use, and must not keep r, res, or strings read from them past
+// the call: Fiber reuses its buffers and Echo its contexts, and res is
+// reused for the next request (copy *res to keep it).
+//
+// Embed NopObserver in an Observer so that it need implement only the
+// events it wants, and keeps compiling when events are added.
 type Observer interface {
-	// Decided is called once for every request Decide handles, with its
-	// Result (see Result.Outcome), as WithOnDecision is.
 	Decided(r keyfunc.Request, res *Result)
-	// StoreCalled is called after every call of the store's Take: how long
-	// it took and its error, nil on success.
 	StoreCalled(d time.Duration, err error)
-	// DenyCacheHit is called when the deny cache turned a request away
-	// without asking the store; rule is the rule of the denying limit.
+	StoreFailed(r keyfunc.Request, err error)
 	DenyCacheHit(rule string)
-	// BreakerChanged is called when the limiter's circuit breaker opens
-	// or closes.
 	BreakerChanged(open bool)
-	// StoreHealth is called when a server of the store goes down or comes
-	// back (see RedisConfig.OnHealthChange); the Limiter passes on what
-	// its Redis store reports when the store was built with
-	// NewRedisStore.
 	StoreHealth(e HealthEvent)
-}
-
-// BatchObserver is implemented by Observers that also want the size of
-// each batch of decisions a Redis store made with NewRedisStore sends to a
-// server (decisions made at the same moment share a round trip). StoreBatch
-// is called on the goroutine that sends the batch and must be fast.
-type BatchObserver interface {
 	StoreBatch(decisions int)
+	CapacityChanged(e CapacityEvent)
+	ElasticChanged(e ElasticEvent)
+	Shed(rule string, p Priority)
+	BanStarted(rule string, d time.Duration)
+	ClientState(overrides, bans int)
 }
 
-// NopObserver does nothing; embed it in an Observer that implements only
-// some methods.
+// HealthEvent reports that a server of a store went down or came back
+// (Observer.StoreHealth).
+type HealthEvent struct {
+	// Server is the address of the Redis server (a Cluster node, a Ring
+	// shard, the master of a Sentinel-managed client), or "" when the
+	// event is about a store as a whole.
+	Server string
+	// Up reports whether the server is answering again.
+	Up bool
+	// Cause is why it went down (a connection error, or a batch that was
+	// outstanding too long); nil when Up.
+	Cause error
+}
+
+// NopObserver is an Observer that does nothing. Embed it in an Observer
+// that implements only some events: the others, and events added later,
+// are then ignored.
 type NopObserver struct{}
 
+// Decided does nothing.
 func (NopObserver) Decided(keyfunc.Request, *Result) {}
-func (NopObserver) StoreCalled(time.Duration, error) {}
-func (NopObserver) DenyCacheHit(string)              {}
-func (NopObserver) BreakerChanged(bool)              {}
-func (NopObserver) StoreHealth(HealthEvent)          {}
 
-// WithObserver adds o to the observers of the limiter; it may be given
-// several times (metrics and logs, say), and each observer sees
-// everything.
+// StoreCalled does nothing.
+func (NopObserver) StoreCalled(time.Duration, error) {}
+
+// StoreFailed does nothing.
+func (NopObserver) StoreFailed(keyfunc.Request, error) {}
+
+// DenyCacheHit does nothing.
+func (NopObserver) DenyCacheHit(string) {}
+
+// BreakerChanged does nothing.
+func (NopObserver) BreakerChanged(bool) {}
+
+// StoreHealth does nothing.
+func (NopObserver) StoreHealth(HealthEvent) {}
+
+// StoreBatch does nothing.
+func (NopObserver) StoreBatch(int) {}
+
+// CapacityChanged does nothing.
+func (NopObserver) CapacityChanged(CapacityEvent) {}
+
+// ElasticChanged does nothing.
+func (NopObserver) ElasticChanged(ElasticEvent) {}
+
+// Shed does nothing.
+func (NopObserver) Shed(string, Priority) {}
+
+// BanStarted does nothing.
+func (NopObserver) BanStarted(string, time.Duration) {}
+
+// ClientState does nothing.
+func (NopObserver) ClientState(int, int) {}
+
+// Hooks is an Observer made of optional functions, for one-off hooks in the
+// manner of net/http/httptrace.ClientTrace: each field On<Event> is called
+// for the Observer method <Event> (see Observer for when, and with what),
+// and a nil field ignores its event. Give a *Hooks to WithObserver:
+//
+//	middleware.WithObserver(&middleware.Hooks{
+//		OnStoreFailed: func(r keyfunc.Request, err error) { log.Print(err) },
+//	})
+//
+// The functions are read at each event; do not change them once the Hooks
+// is in use.
+type Hooks struct {
+	OnDecided         func(r keyfunc.Request, res *Result)
+	OnStoreCalled     func(d time.Duration, err error)
+	OnStoreFailed     func(r keyfunc.Request, err error)
+	OnDenyCacheHit    func(rule string)
+	OnBreakerChanged  func(open bool)
+	OnStoreHealth     func(e HealthEvent)
+	OnStoreBatch      func(decisions int)
+	OnCapacityChanged func(e CapacityEvent)
+	OnElasticChanged  func(e ElasticEvent)
+	OnShed            func(rule string, p Priority)
+	OnBanStarted      func(rule string, d time.Duration)
+	OnClientState     func(overrides, bans int)
+}
+
+var _ Observer = (*Hooks)(nil)
+
+// Decided calls OnDecided, if set.
+func (h *Hooks) Decided(r keyfunc.Request, res *Result) {
+	if h != nil && h.OnDecided != nil {
+		h.OnDecided(r, res)
+	}
+}
+
+// StoreCalled calls OnStoreCalled, if set.
+func (h *Hooks) StoreCalled(d time.Duration, err error) {
+	if h != nil && h.OnStoreCalled != nil {
+		h.OnStoreCalled(d, err)
+	}
+}
+
+// StoreFailed calls OnStoreFailed, if set.
+func (h *Hooks) StoreFailed(r keyfunc.Request, err error) {
+	if h != nil && h.OnStoreFailed != nil {
+		h.OnStoreFailed(r, err)
+	}
+}
+
+// DenyCacheHit calls OnDenyCacheHit, if set.
+func (h *Hooks) DenyCacheHit(rule string) {
+	if h != nil && h.OnDenyCacheHit != nil {
+		h.OnDenyCacheHit(rule)
+	}
+}
+
+// BreakerChanged calls OnBreakerChanged, if set.
+func (h *Hooks) BreakerChanged(open bool) {
+	if h != nil && h.OnBreakerChanged != nil {
+		h.OnBreakerChanged(open)
+	}
+}
+
+// StoreHealth calls OnStoreHealth, if set.
+func (h *Hooks) StoreHealth(e HealthEvent) {
+	if h != nil && h.OnStoreHealth != nil {
+		h.OnStoreHealth(e)
+	}
+}
+
+// StoreBatch calls OnStoreBatch, if set.
+func (h *Hooks) StoreBatch(decisions int) {
+	if h != nil && h.OnStoreBatch != nil {
+		h.OnStoreBatch(decisions)
+	}
+}
+
+// CapacityChanged calls OnCapacityChanged, if set.
+func (h *Hooks) CapacityChanged(e CapacityEvent) {
+	if h != nil && h.OnCapacityChanged != nil {
+		h.OnCapacityChanged(e)
+	}
+}
+
+// ElasticChanged calls OnElasticChanged, if set.
+func (h *Hooks) ElasticChanged(e ElasticEvent) {
+	if h != nil && h.OnElasticChanged != nil {
+		h.OnElasticChanged(e)
+	}
+}
+
+// Shed calls OnShed, if set.
+func (h *Hooks) Shed(rule string, p Priority) {
+	if h != nil && h.OnShed != nil {
+		h.OnShed(rule, p)
+	}
+}
+
+// BanStarted calls OnBanStarted, if set.
+func (h *Hooks) BanStarted(rule string, d time.Duration) {
+	if h != nil && h.OnBanStarted != nil {
+		h.OnBanStarted(rule, d)
+	}
+}
+
+// ClientState calls OnClientState, if set.
+func (h *Hooks) ClientState(overrides, bans int) {
+	if h != nil && h.OnClientState != nil {
+		h.OnClientState(overrides, bans)
+	}
+}
+
+// WithObserver adds o to the observers of the limiter (and of its store,
+// if it is an ObservableStore). It may be given several times (metrics and
+// logs, say); each observer sees every event, in the order given.
 func WithObserver(o Observer) Option {
 	return func(c *config) {
 		if o == nil {
@@ -70,146 +261,117 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// DefaultDenialLogEvery is how many denials WithLogger logs one of.
-const DefaultDenialLogEvery = 100
+// Adding an event: a method on Observer, documented in its list; a no-op
+// on NopObserver; a field On<Method> and the method on Hooks
+// (TestHooksCoverObserver checks them); the method on multiObserver
+// (TestMultiObserverForwards); and the event in the metrics modules and, if
+// operators should see it, in LogObserver.
 
-// WithLogger logs, through l, what an operator needs to see: store
-// failures (at Warn, at most one a second per kind of failure, with how
-// many were not logged) and the requests that failed open while the store
-// was down; servers going down and coming back and the circuit breaker
-// opening and closing (Warn and Info); and a sample of denials (Info, one
-// in DefaultDenialLogEvery, drawn at random) with the rule, the policy and
-// the client's key hashed (the first 16 hex digits of its SHA-256), never
-// in clear. Rules reloads are logged by package config's Reloader when
-// given the same logger.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			c.errorf("WithLogger: nil logger")
-			return
-		}
-		c.observers = append(c.observers, &logObserver{log: l, every: DefaultDenialLogEvery})
+// combine returns one Observer for obs: nil for none, the one, or their
+// fan-out.
+func combine(obs []Observer) Observer {
+	switch len(obs) {
+	case 0:
+		return nil
+	case 1:
+		return obs[0]
+	}
+	return multiObserver(obs)
+}
+
+// multiObserver tells every one of its Observers, in order.
+type multiObserver []Observer
+
+func (m multiObserver) Decided(r keyfunc.Request, res *Result) {
+	for _, o := range m {
+		o.Decided(r, res)
 	}
 }
 
-// logObserver is WithLogger's Observer.
-type logObserver struct {
-	NopObserver
-	log   *slog.Logger
-	every int
-	errs  rateLimitedLog
-}
-
-func (o *logObserver) Decided(r keyfunc.Request, res *Result) {
-	switch res.Outcome {
-	case OutcomeDenied:
-		if rand.IntN(o.every) != 0 {
-			return
-		}
-		o.log.LogAttrs(context.Background(), slog.LevelInfo, "sluice: request denied (sampled)",
-			slog.String("rule", res.Rule), slog.String("policy", res.Policy),
-			slog.String("key_hash", hashKey(r, res)), slog.Duration("retry_after", res.RetryAfter),
-			slog.Bool("concurrency", res.Concurrency), slog.Int("sample_one_in", o.every))
-	case OutcomeFailedOpen:
-		if n, ok := o.errs.allow("failed_open"); ok {
-			o.log.LogAttrs(context.Background(), slog.LevelWarn, "sluice: store failed, request let through unlimited",
-				slog.String("rule", res.Rule), slog.Any("error", res.Err), slog.Int("not_logged", n))
-		}
+func (m multiObserver) StoreCalled(d time.Duration, err error) {
+	for _, o := range m {
+		o.StoreCalled(d, err)
 	}
 }
 
-func (o *logObserver) StoreCalled(_ time.Duration, err error) {
-	if err == nil {
-		return
-	}
-	if n, ok := o.errs.allow("store"); ok {
-		o.log.LogAttrs(context.Background(), slog.LevelWarn, "sluice: store call failed",
-			slog.Any("error", err), slog.Int("not_logged", n))
+func (m multiObserver) StoreFailed(r keyfunc.Request, err error) {
+	for _, o := range m {
+		o.StoreFailed(r, err)
 	}
 }
 
-func (o *logObserver) BreakerChanged(open bool) {
-	if open {
-		o.log.Warn("sluice: circuit breaker open: the store is not called until it recovers")
-	} else {
-		o.log.Info("sluice: circuit breaker closed: the store decides again")
+func (m multiObserver) DenyCacheHit(rule string) {
+	for _, o := range m {
+		o.DenyCacheHit(rule)
 	}
 }
 
-func (o *logObserver) StoreHealth(e HealthEvent) {
-	if e.Up {
-		o.log.Info("sluice: store server back", slog.String("server", e.Server))
-	} else {
-		o.log.Warn("sluice: store server down", slog.String("server", e.Server), slog.Any("cause", e.Cause))
+func (m multiObserver) BreakerChanged(open bool) {
+	for _, o := range m {
+		o.BreakerChanged(open)
 	}
 }
 
-// hashKey returns the hashed key of the binding rule of a denied request:
-// the key functions are run again only for the log sample.
-func hashKey(r keyfunc.Request, res *Result) string {
-	if r == nil || res.key == "" {
-		return ""
+func (m multiObserver) StoreHealth(e HealthEvent) {
+	for _, o := range m {
+		o.StoreHealth(e)
 	}
-	sum := sha256.Sum256([]byte(res.key))
-	return hex.EncodeToString(sum[:8])
 }
 
-// rateLimitedLog lets one message of each kind through per second and
-// counts the others.
-type rateLimitedLog struct {
-	mu      sync.Mutex
-	last    map[string]time.Time
-	dropped map[string]int
+func (m multiObserver) StoreBatch(n int) {
+	for _, o := range m {
+		o.StoreBatch(n)
+	}
 }
 
-func (l *rateLimitedLog) allow(kind string) (dropped int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.last == nil {
-		l.last, l.dropped = map[string]time.Time{}, map[string]int{}
+func (m multiObserver) CapacityChanged(e CapacityEvent) {
+	for _, o := range m {
+		o.CapacityChanged(e)
 	}
-	now := time.Now()
-	if now.Sub(l.last[kind]) < time.Second {
-		l.dropped[kind]++
-		return 0, false
-	}
-	l.last[kind] = now
-	n := l.dropped[kind]
-	l.dropped[kind] = 0
-	return n, true
 }
 
-// Stats are figures of a Limiter that metrics read when they are scraped.
-type Stats struct {
-	// MemoryKeys is how many counters the in-memory store holds (the
-	// Limiter's store, or the fallback of FailLocal); 0 without one.
-	MemoryKeys int
-	// MemoryEvictions is how many counters the in-memory stores dropped to
-	// stay within their MaxKeys.
-	MemoryEvictions uint64
-	// Waiting is how many requests wait for their turn in a leaky
-	// bucket's queue.
-	Waiting int64
-	// SlotsHeld is how many requests hold concurrency slots.
-	SlotsHeld int
-	// BreakerOpen reports whether the circuit breaker is open.
-	BreakerOpen bool
+func (m multiObserver) ElasticChanged(e ElasticEvent) {
+	for _, o := range m {
+		o.ElasticChanged(e)
+	}
 }
 
-// Stats returns the limiter's current figures.
-func (l *Limiter) Stats() Stats {
-	st := Stats{Waiting: l.waiting.Load()}
-	for _, s := range []Store{l.cfg.store, l.cfg.fallback} {
-		if m, ok := s.(*memstore.Store); ok {
-			st.MemoryKeys += m.Len()
-			st.MemoryEvictions += m.Evictions()
-		}
+func (m multiObserver) BanStarted(rule string, d time.Duration) {
+	for _, o := range m {
+		o.BanStarted(rule, d)
 	}
-	l.renew.mu.Lock()
-	st.SlotsHeld = len(l.renew.active)
-	l.renew.mu.Unlock()
-	if b := l.cfg.breaker; b != nil {
-		st.BreakerOpen = b.isOpen()
+}
+
+func (m multiObserver) ClientState(overrides, bans int) {
+	for _, o := range m {
+		o.ClientState(overrides, bans)
 	}
-	return st
+}
+
+func (m multiObserver) Shed(rule string, p Priority) {
+	for _, o := range m {
+		o.Shed(rule, p)
+	}
+}
+
+// observedResults holds the copies of Results shown to observers, so that
+// the Result of a request (on its goroutine's stack) never escapes to the
+// heap: a decision observed allocates nothing.
+var observedResults = sync.Pool{New: func() any { return new(Result) }}
+
+// decided tells the observers about res. res itself does not escape: the
+// observers see a pooled copy.
+func (c *config) decided(r keyfunc.Request, res *Result) {
+	p := observedResults.Get().(*Result)
+	*p = *res
+	c.obs.Decided(r, p)
+	*p = Result{}
+	observedResults.Put(p)
+}
+
+// report tells the observers about a store failure.
+func (c *config) report(r keyfunc.Request, err error) {
+	if c.obs != nil {
+		c.obs.StoreFailed(r, err)
+	}
 }

@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/denycache"
-	"github.com/sluicehq/sluice/internal/memstore"
-	"github.com/sluicehq/sluice/internal/slots"
-	"github.com/sluicehq/sluice/keyfunc"
 )
 
 // Option configures a Limiter.
@@ -65,7 +63,7 @@ const (
 type config struct {
 	store    Store
 	fallback Store
-	owned    []interface{ Close() error }
+	owned    []interface{ Close() error } // the stores the Limiter made
 	style    headers.Style
 	deny     http.Handler
 	onError  func(http.ResponseWriter, *http.Request, error)
@@ -74,8 +72,6 @@ type config struct {
 	failure  FailurePolicy
 	noKey    NoKeyPolicy
 	shadow   bool
-	hookErr  func(keyfunc.Request, error)
-	hookDec  func(keyfunc.Request, Result)
 	errs     []error
 
 	unmatched UnmatchedPolicy
@@ -83,7 +79,6 @@ type config struct {
 	breakerFailures int
 	breakerCooldown time.Duration
 	breakerSet      bool
-	onBreaker       func(open bool)
 	breaker         *breaker
 
 	denyCacheSize int // -1: the default for the store
@@ -94,7 +89,16 @@ type config struct {
 	fallbackSlots SlotStore     // FailLocal's, nil if none
 	slotsShared   bool          // slots has leases to renew
 	maxWaiting    int64         // requests waiting for a leaky bucket's turn
-	observers     []Observer
+
+	observers []Observer // as given to WithObserver
+	obs       Observer   // all of them in one; nil if none
+	// unobserve removes obs from the stores that report to it.
+	unobserve    []func()
+	maxOverrides int           // WithMaxOverrides
+	clientSync   time.Duration // WithClientSync, 0 for DefaultClientSync
+
+	capacity CapacityConfig // the capacity signal of elastic limits
+	overload overloadConfig // shedding by priority
 }
 
 func defaultConfig() config {
@@ -106,6 +110,7 @@ func defaultConfig() config {
 		denyCacheSize:   -1,
 		lease:           DefaultConcurrencyLease,
 		maxWaiting:      DefaultMaxWaiting,
+		maxOverrides:    DefaultMaxOverrides,
 	}
 }
 
@@ -127,15 +132,16 @@ func (c *config) finish() error {
 	if err := errors.Join(c.errs...); err != nil {
 		return err
 	}
+	if err := c.capacity.fill(); err != nil {
+		return err
+	}
 	if c.store == nil {
-		// The in-memory store does not fail, so it needs no breaker.
-		c.breakerFailures = 0
 		s, err := NewMemoryStore(MemoryConfig{Now: c.clock})
 		if err != nil {
 			return err
 		}
 		c.store = s
-		c.owned = append(c.owned, s.(interface{ Close() error }))
+		c.owned = append(c.owned, s)
 	}
 	if c.failure == FailLocal && c.fallback == nil {
 		s, err := NewMemoryStore(MemoryConfig{Now: c.clock})
@@ -143,33 +149,28 @@ func (c *config) finish() error {
 			return err
 		}
 		c.fallback = s
-		c.owned = append(c.owned, s.(interface{ Close() error }))
+		c.owned = append(c.owned, s)
 	}
-	if hs, ok := c.store.(interface{ PerServerHealth() bool }); ok && hs.PerServerHealth() && !c.breakerSet {
-		// The store fails fast per server: a breaker for the whole store
-		// would let one failing Cluster node stop the decisions of all.
+	traits := traitsOf(c.store)
+	if traits.FailsFast && !c.breakerSet {
 		c.breakerFailures = 0
 	}
+	c.obs = combine(c.observers)
 	c.breaker = c.newBreaker()
-	if hub, ok := healthHubs.Load(c.store); ok && len(c.observers) > 0 {
-		obs := c.observers
-		hub.(*healthHub).add(func(e HealthEvent) {
-			for _, o := range obs {
-				o.StoreHealth(e)
-			}
-		})
-		for _, o := range obs {
-			if b, ok := o.(BatchObserver); ok {
-				hub.(*healthHub).addBatch(b)
+	if c.obs != nil {
+		for i, s := range []Store{c.store, c.fallback} {
+			if os, ok := s.(ObservableStore); ok && (i == 0 || !sameStore(s, c.store)) {
+				c.unobserve = append(c.unobserve, os.AddObserver(c.obs))
 			}
 		}
 	}
-	c.slots, c.slotsShared = slotsOf(c.store)
+	c.slots, _ = c.store.(SlotStore)
+	c.slotsShared = c.slots != nil && !traits.Local
 	if c.fallback != nil {
-		c.fallbackSlots, _ = slotsOf(c.fallback)
+		c.fallbackSlots, _ = c.fallback.(SlotStore)
 	}
 	size := c.denyCacheSize
-	if _, local := c.store.(*memstore.Store); size < 0 && !local {
+	if size < 0 && !traits.Local {
 		size = DefaultDenyCacheSize
 	}
 	if size > 0 {
@@ -178,9 +179,15 @@ func (c *config) finish() error {
 	return nil
 }
 
+// sameStore reports whether a and b are the same store (false for stores
+// whose type is not comparable).
+func sameStore(a, b Store) bool {
+	return reflect.TypeOf(a).Comparable() && reflect.TypeOf(a) == reflect.TypeOf(b) && a == b
+}
+
 // DefaultDenyCacheSize is the number of denials a Limiter remembers by
 // default when its store is not in this process's memory.
-const DefaultDenyCacheSize = denycache.DefaultMaxEntries
+const DefaultDenyCacheSize = 65536
 
 // WithDenyCache sets how many store denials the limiter remembers, so that
 // a client that keeps knocking while it is limited is turned away without
@@ -205,43 +212,22 @@ func WithDenyCache(size int) Option {
 	}
 }
 
-func (c *config) closeOwned() error {
+// release removes the observers from the stores and closes the stores
+// the Limiter made. It is called once.
+func (c *config) release() error {
+	for _, remove := range c.unobserve {
+		remove()
+	}
 	var errs []error
 	for _, o := range c.owned {
 		errs = append(errs, o.Close())
 	}
-	c.owned = nil
 	return errors.Join(errs...)
 }
 
-func (c *config) report(r keyfunc.Request, err error) {
-	if c.hookErr != nil {
-		c.hookErr(r, err)
-	}
-}
-
-func (c *config) observe(r keyfunc.Request, res Result) {
-	if c.hookDec != nil {
-		c.hookDec(r, res)
-	}
-	if len(c.observers) > 0 {
-		c.tellObservers(r, res)
-	}
-}
-
-// tellObservers passes res to the observers. It is a function of its own
-// so that res is moved to the heap (its address escapes through the
-// interface) only when there are observers.
-//
-//go:noinline
-func (c *config) tellObservers(r keyfunc.Request, res Result) {
-	for _, o := range c.observers {
-		o.Decided(r, &res)
-	}
-}
-
 // WithStore counts in s instead of the default in-memory store. Use
-// NewRedisStore to share limits between app servers.
+// NewRedisStore to share limits between app servers. s stays the caller's:
+// Limiter.Close does not close it; close it after the Limiters that use it.
 func WithStore(s Store) Option {
 	return func(c *config) {
 		if s == nil {
@@ -253,7 +239,7 @@ func WithStore(s Store) Option {
 
 // WithFallbackStore sets the store FailLocal decides with while the main
 // store fails, and selects FailLocal. By default it is a private in-memory
-// store.
+// store, which Limiter.Close closes; s stays the caller's to close.
 func WithFallbackStore(s Store) Option {
 	return func(c *config) {
 		if s == nil {
@@ -327,43 +313,8 @@ func WithClock(now func() time.Time) Option {
 
 // WithShadowMode computes, counts and reports every decision but never
 // denies: for rolling out limits safely. Requests that would have been
-// denied pass with Result.Shadowed set and are reported to WithOnDecision.
+// denied pass with Result.Shadowed set and are reported to
+// Observer.Decided.
 func WithShadowMode() Option {
 	return func(c *config) { c.shadow = true }
-}
-
-// WithOnDecision calls fn once for every request Decide handles, with its
-// Result and Outcome: allowed, denied, shadow-denied (Result.ShadowPolicy
-// names a shadow rule that would have denied), failed open, decided by the
-// fallback, rejected for a missing key, not decided (Result.Err), or not
-// limited by any rule. Requests WithSkip exempts never reach Decide. fn
-// runs on the request's goroutine and must be fast. It must not keep the Request, or strings read
-// from it, past the call: Fiber reuses its buffers and Echo its contexts.
-func WithOnDecision(fn func(keyfunc.Request, Result)) Option {
-	return func(c *config) { c.hookDec = fn }
-}
-
-// WithOnError calls fn with every store failure, whatever the failure
-// policy, so that fail-open outages are seen; while the circuit breaker is
-// open the store is not called, and WithOnBreakerChange reports that
-// instead. fn runs on the request's goroutine and must be fast, and must not
-// keep the Request past the call (see WithOnDecision). The Request is nil
-// for failures that belong to no request being decided: renewing the
-// leases of concurrency slots, and giving slots back after a handler
-// returned.
-func WithOnError(fn func(keyfunc.Request, error)) Option {
-	return func(c *config) { c.hookErr = fn }
-}
-
-// slotsOf returns where the concurrency slots of store are held: in this
-// process for the in-memory store, in the store itself for a SlotStore
-// (shared, with leases), nowhere otherwise.
-func slotsOf(store Store) (ss SlotStore, shared bool) {
-	if _, local := store.(*memstore.Store); local {
-		return slots.New(), false
-	}
-	if ss, ok := store.(SlotStore); ok {
-		return ss, true
-	}
-	return nil, false
 }

@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redisstore"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // RedisConfig configures NewRedisStore. The zero value is ready to use.
@@ -40,28 +43,9 @@ type RedisConfig struct {
 	// MaxBatch bounds how many decisions share one round trip to one
 	// server; 0 means 128.
 	MaxBatch int
-	// OnHealthChange, if not nil, is called when a Redis server goes down
-	// (with the cause) or comes back. On Redis Cluster it names the node;
-	// each node is followed on its own, so one node going down affects
-	// only the requests for counters it holds.
-	OnHealthChange func(HealthEvent)
 }
 
-// HealthEvent reports that a store's server went down or came back.
-type HealthEvent struct {
-	// Server is the address of the Redis server (a Cluster node, a Ring
-	// shard, the master of a Sentinel-managed client), or "" when the
-	// event is about the store as a whole (the Limiter's own circuit
-	// breaker, for stores that do not follow each server).
-	Server string
-	// Up reports whether the server is answering again.
-	Up bool
-	// Cause is why it went down (a connection error, or a batch that was
-	// outstanding too long); nil when Up.
-	Cause error
-}
-
-// NewRedisStore returns a Store that keeps its counters in Redis, so that
+// NewRedisStore returns a store that keeps its counters in Redis, so that
 // every app server that shares the Redis also shares the limits.
 //
 // client may be a *redis.Client (a single server, or a Sentinel-managed one
@@ -99,70 +83,162 @@ type HealthEvent struct {
 // Key per request on Cluster. A Ring also moves keys between shards when
 // one goes down or comes back, which resets the counters that move.
 //
-// The returned Store has a Close method that stops its pipeline workers;
-// call it when the store is no longer used.
-func NewRedisStore(client redis.Scripter, cfg RedisConfig) (Store, error) {
-	pc := redispipe.Config{StallThreshold: cfg.StallThreshold, MaxBatch: cfg.MaxBatch}
-	hub := &healthHub{}
-	if fn := cfg.OnHealthChange; fn != nil {
-		hub.add(fn)
+// The store reports its servers going down and coming back, and the size
+// of each batch, to its Observers (see ObservableStore): a Limiter adds its
+// own in New and removes them in Close.
+//
+// The store runs goroutines of its own (workers for each server it has
+// sent decisions to, and probes of servers that are down). Whoever makes a store
+// closes it: call Close once the Limiters that use it are closed. Closing
+// the store does not close client.
+func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) {
+	rs := &RedisStore{}
+	pc := redispipe.Config{
+		StallThreshold: cfg.StallThreshold,
+		MaxBatch:       cfg.MaxBatch,
+		OnStateChange:  rs.health,
+		OnBatch:        rs.batch,
 	}
-	pc.OnStateChange = func(server string, up bool, cause error) {
-		hub.send(HealthEvent{Server: server, Up: up, Cause: cause})
-	}
-	pc.OnBatch = hub.sendBatch
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
 		return nil, err
 	}
-	healthHubs.Store(Store(s), hub)
-	return s, nil
+	rs.s = s
+	return rs, nil
 }
 
-// healthHubs maps each store NewRedisStore made to the listeners of its
-// servers' health, so that a Limiter built on it can pass the events on to
-// its Observers. Entries are small and there is one per store.
-var healthHubs sync.Map
-
-// healthHub fans a store's health events, and the sizes of its batches,
-// out to its listeners.
-type healthHub struct {
-	mu        sync.Mutex
-	listeners []func(HealthEvent)
-	batches   atomic.Pointer[[]BatchObserver]
+// RedisStore keeps counters in Redis, so that every app server that shares
+// the Redis also shares the limits. It is a Store, and also a SlotStore, a
+// Returner, a Resetter, a TraitsReporter and an ObservableStore. Make one
+// with NewRedisStore. It is safe for concurrent use.
+type RedisStore struct {
+	s   *redisstore.Store
+	obs observerSet
 }
 
-// addBatch adds a listener of batch sizes.
-func (h *healthHub) addBatch(o BatchObserver) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var next []BatchObserver
-	if cur := h.batches.Load(); cur != nil {
-		next = append(next, *cur...)
+// The interfaces a RedisStore implements.
+var (
+	_ Store           = (*RedisStore)(nil)
+	_ SlotStore       = (*RedisStore)(nil)
+	_ Returner        = (*RedisStore)(nil)
+	_ Resetter        = (*RedisStore)(nil)
+	_ TraitsReporter  = (*RedisStore)(nil)
+	_ ObservableStore = (*RedisStore)(nil)
+)
+
+// Take decides charges at now (the zero time means Redis TIME). It
+// implements Store.
+func (r *RedisStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return r.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// GiveBack gives back the places of charges admitted with a Delay. It
+// implements Returner.
+func (r *RedisStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {
+	return r.s.GiveBack(ctx, now, internalCharges(charges))
+}
+
+// Reset drops the counters the charges name. It implements Resetter.
+func (r *RedisStore) Reset(ctx context.Context, charges []Charge) error {
+	return r.s.Reset(ctx, internalCharges(charges))
+}
+
+// Acquire takes a concurrency slot, held for s.Lease unless renewed. It
+// implements SlotStore.
+func (r *RedisStore) Acquire(ctx context.Context, now time.Time, s *Slot) (ok bool, held int, err error) {
+	return r.s.Acquire(ctx, now, (*window.Slot)(s))
+}
+
+// Release gives back a concurrency slot. It implements SlotStore.
+func (r *RedisStore) Release(ctx context.Context, s *Slot) error {
+	return r.s.Release(ctx, (*window.Slot)(s))
+}
+
+// Renew extends the leases of slots still held. It implements SlotStore.
+func (r *RedisStore) Renew(ctx context.Context, now time.Time, s []*Slot) error {
+	return r.s.Renew(ctx, now, internalSlots(s))
+}
+
+// publishSpare publishes this app server's spare capacity and reads the
+// fleet's; see fleetPublisher.
+func (r *RedisStore) publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {
+	return r.s.PublishSpare(ctx, now, server, spare, ttl)
+}
+
+// StoreTraits reports that the store is shared and, for a *redis.Client,
+// *redis.ClusterClient or *redis.Ring (whose servers it follows), that it
+// fails fast. It implements TraitsReporter.
+func (r *RedisStore) StoreTraits() StoreTraits {
+	return StoreTraits{FailsFast: r.s.PerServerHealth()}
+}
+
+// AddObserver has the store report its servers' health and its batch
+// sizes to o until remove is called. A nil o is ignored. It implements
+// ObservableStore.
+func (r *RedisStore) AddObserver(o Observer) (remove func()) {
+	if o == nil {
+		return func() {}
 	}
-	next = append(next, o)
-	h.batches.Store(&next)
+	return r.obs.add(o)
 }
 
-func (h *healthHub) sendBatch(n int) {
-	if obs := h.batches.Load(); obs != nil {
-		for _, o := range *obs {
-			o.StoreBatch(n)
-		}
+// Close stops the store's goroutines and waits for them; decisions still
+// waiting for a reply fail, and later ones fail at once. It is idempotent.
+// It does not close the Redis client.
+func (r *RedisStore) Close() error { return r.s.Close() }
+
+// health passes a server's state change to the observers.
+func (r *RedisStore) health(server string, up bool, cause error) {
+	e := HealthEvent{Server: server, Up: up, Cause: cause}
+	for _, o := range r.obs.load() {
+		o.StoreHealth(e)
 	}
 }
 
-func (h *healthHub) add(fn func(HealthEvent)) {
-	h.mu.Lock()
-	h.listeners = append(h.listeners, fn)
-	h.mu.Unlock()
+// batch passes the size of a batch to the observers.
+func (r *RedisStore) batch(n int) {
+	for _, o := range r.obs.load() {
+		o.StoreBatch(n)
+	}
 }
 
-func (h *healthHub) send(e HealthEvent) {
-	h.mu.Lock()
-	ls := h.listeners
-	h.mu.Unlock()
-	for _, fn := range ls {
-		fn(e)
+// observerSet is a set of Observers read without a lock.
+type observerSet struct {
+	mu   sync.Mutex
+	list atomic.Pointer[[]Observer]
+	next uint64
+	ids  []uint64 // of list's entries, guarded by mu
+}
+
+// load returns the observers; the slice is never written to.
+func (s *observerSet) load() []Observer {
+	if p := s.list.Load(); p != nil {
+		return *p
 	}
+	return nil
+}
+
+// add adds o and returns the function that removes it.
+func (s *observerSet) add(o Observer) (remove func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	id := s.next
+	list := append(slices.Clip(s.load()), o)
+	s.ids = append(s.ids, id)
+	s.list.Store(&list)
+	var once sync.Once
+	return func() { once.Do(func() { s.remove(id) }) }
+}
+
+func (s *observerSet) remove(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(s.ids, id)
+	if i < 0 {
+		return
+	}
+	list := slices.Delete(slices.Clone(s.load()), i, i+1)
+	s.ids = slices.Delete(s.ids, i, i+1)
+	s.list.Store(&list)
 }

@@ -46,14 +46,7 @@ func TestRedisDown(t *testing.T) {
 			var mu sync.Mutex
 			var storeErrs []error
 			var health []middleware.HealthEvent
-			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{
-				Prefix: srv.Prefix(t),
-				OnHealthChange: func(e middleware.HealthEvent) {
-					mu.Lock()
-					health = append(health, e)
-					mu.Unlock()
-				},
-			})
+			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: srv.Prefix(t)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,10 +55,19 @@ func TestRedisDown(t *testing.T) {
 			lim := newLimiter(t, middleware.PerMinute(3), keyfunc.RemoteIP(),
 				middleware.WithStore(store), middleware.WithClock(clock.Now),
 				middleware.WithFailurePolicy(tt.policy),
-				middleware.WithOnError(func(_ keyfunc.Request, err error) {
-					mu.Lock()
-					storeErrs = append(storeErrs, err)
-					mu.Unlock()
+				// The store's health events reach the limiter's
+				// observers.
+				middleware.WithObserver(&middleware.Hooks{
+					OnStoreFailed: func(_ keyfunc.Request, err error) {
+						mu.Lock()
+						storeErrs = append(storeErrs, err)
+						mu.Unlock()
+					},
+					OnStoreHealth: func(e middleware.HealthEvent) {
+						mu.Lock()
+						health = append(health, e)
+						mu.Unlock()
+					},
 				}))
 			h := lim.Handler(ok)
 			request := func(name string, want step) {

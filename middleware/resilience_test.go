@@ -85,7 +85,7 @@ func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) 
 				r := get(keyOf(i) + ":1")
 				start := time.Now()
 				res, err := lim.Decide(keyfunc.FromHTTP(r))
-				o := outcome{at: start, took: time.Since(start), key: i, decided: err == nil && res.Limited && res.Err == nil}
+				o := outcome{at: start, took: time.Since(start), key: i, decided: err == nil && res.Applied && res.StoreErr == nil}
 				l.mu.Lock()
 				l.outcomes = append(l.outcomes, o)
 				l.mu.Unlock()
@@ -173,7 +173,7 @@ func chargeProbe(t *testing.T, lim *middleware.Limiter, addr string, n int) int 
 	var res middleware.Result
 	var err error
 	for range n {
-		if res, err = lim.Decide(keyfunc.FromHTTP(get(addr + ":1"))); err != nil || res.Err != nil || !res.Limited {
+		if res, err = lim.Decide(keyfunc.FromHTTP(get(addr + ":1"))); err != nil || res.StoreErr != nil || !res.Applied {
 			t.Fatalf("probe client: %+v, %v", res, err)
 		}
 	}
@@ -407,7 +407,7 @@ func TestOutageSentinel(t *testing.T) {
 	}
 }
 
-// TestRecommendedClientOptions checks what the README says of
+// TestRecommendedClientOptions checks what docs/redis.md says of
 // ContextTimeoutEnabled: with it, go-redis ends a read from a hung server
 // at the decision's deadline and frees the connection; without it, the
 // read goes on until ReadTimeout (3 s by default).
@@ -432,7 +432,7 @@ func TestRecommendedClientOptions(t *testing.T) {
 			closeStore(t, store)
 			lim := newOutageLimiter(t, store)
 			r := keyfunc.FromHTTP(get("192.0.2.1:1"))
-			if res, err := lim.Decide(r); err != nil || res.Err != nil || !res.Limited {
+			if res, err := lim.Decide(r); err != nil || res.StoreErr != nil || !res.Applied {
 				t.Fatalf("with Redis up: %+v, %v", res, err)
 			}
 			if err := srv.Pause(); err != nil {
@@ -441,7 +441,7 @@ func TestRecommendedClientOptions(t *testing.T) {
 			defer srv.Resume()
 			start := time.Now()
 			res, err := lim.Decide(r)
-			if err != nil || res.Err == nil {
+			if err != nil || res.StoreErr == nil {
 				t.Fatalf("with Redis hung: %+v, %v; want a store error under FailOpen", res, err)
 			}
 			if took := time.Since(start); took > time.Second {

@@ -6,14 +6,14 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
-	"path"
-	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -112,7 +112,7 @@ type Rule struct {
 	AllowCIDRs []netip.Prefix
 
 	// Shadow computes, counts and reports this rule's decisions (to
-	// WithOnDecision) but never denies a request: for rolling out a new
+	// Observer.Decided) but never denies a request: for rolling out a new
 	// limit safely. Shadow rules are counted in a separate store call.
 	Shadow bool
 
@@ -131,14 +131,28 @@ type Rule struct {
 	// ConcurrencyStatus is the status of a request denied by Concurrency:
 	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
 	ConcurrencyStatus int
-}
 
-var ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	// Count, when set, charges the rule's limits only for requests whose
+	// response status it matches, such as failed logins; see Count.
+	Count Count
+
+	// AdaptiveConcurrency, when set, bounds the requests of this rule in
+	// flight in this app server by a limit that follows their latency
+	// (see AdaptiveConcurrency), shedding them by Priority. A rule may
+	// have only that; it then needs no Key.
+	AdaptiveConcurrency *AdaptiveConcurrency
+
+	// Priority is the priority of the requests this rule applies to, for
+	// shedding under adaptive concurrency limits: a request takes the
+	// highest of the rules that apply to it, unless WithPriority decides.
+	// A rule may have only a Priority; it then needs no Key.
+	Priority Priority
+}
 
 // compiledRule is a validated Rule with everything constant precomputed.
 type compiledRule struct {
 	Rule
-	match   matcher
+	match   pathmatch.Matcher
 	methods uint16 // bitmask of knownMethods, 0 = all
 	other   []string
 	limits  []Limit // effective limits (with overage) for static rules
@@ -150,7 +164,13 @@ type compiledRule struct {
 	query   []condition // Query
 	extra   bool        // the rule has Headers, Query or Match
 	// prepared holds the fixed header text of each limit of a static rule.
-	prepared []*headers.Prepared
+	prepared []*headerwrite.Prepared
+	// ctrl is the controller of AdaptiveConcurrency, bound by SetRules.
+	ctrl *controller
+	// elastic reports that a limit has a ceiling; overloadRule that the
+	// rule has AdaptiveConcurrency or a Priority, and overloadOnly that it
+	// has nothing else.
+	elastic, overloadRule, overloadOnly bool
 }
 
 // condition is one header or query parameter a rule requires.
@@ -162,20 +182,22 @@ var knownMethods = [...]string{
 }
 
 func compileRule(r Rule) (*compiledRule, error) {
-	if !ruleNameRE.MatchString(r.Name) {
-		return nil, fmt.Errorf("rule %q: name must match [A-Za-z0-9_.-]{1,64}", r.Name)
+	if !rulename.Valid(r.Name) {
+		return nil, fmt.Errorf("rule %q: name must match %s", r.Name, rulename.Pattern)
 	}
 	errorf := func(format string, args ...any) error {
 		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
 	}
-	if r.Key == nil {
+	counts := len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0
+	overload := r.AdaptiveConcurrency != nil || r.Priority != PriorityUnset
+	if r.Key == nil && (counts || r.Deny || !overload) {
 		return nil, errorf("key function is nil")
 	}
 	if r.Deny {
-		if len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0 {
-			return nil, errorf("a Deny rule has no limits, LimitsFunc or concurrency")
+		if counts || overload {
+			return nil, errorf("a Deny rule has no limits, LimitsFunc, concurrency or priority")
 		}
-	} else if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Concurrency == 0 {
+	} else if !counts && !overload {
 		return nil, errorf("no limits")
 	}
 	if r.Concurrency < 0 {
@@ -192,12 +214,18 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if r.Overage < 0 || r.Overage > 10 {
 		return nil, errorf("overage %g must be between 0 and 10", r.Overage)
 	}
-	m, err := compileMatcher(r.Path)
+	m, err := pathmatch.Compile(r.Path)
 	if err != nil {
 		return nil, errorf("path %v", err)
 	}
-	c := &compiledRule{Rule: r, match: m}
+	c := &compiledRule{Rule: r, match: m, overloadRule: overload}
 	if err := c.compileConditions(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileOverload(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileCount(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)
@@ -258,7 +286,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 		for i, l := range c.Limits {
 			c.names = append(c.names, policyName(r.Name, l, len(c.Limits)))
 			ps[i] = policyOf(c.names[i], l)
-			c.prepared = append(c.prepared, headers.Prepare(c.names[i], l.Capacity()))
+			c.prepared = append(c.prepared, headerwrite.Prepare(c.names[i], l.Capacity()))
 		}
 		c.policy = headers.FormatPolicies(ps...)
 	}
@@ -299,21 +327,9 @@ func policyName(rule string, l Limit, n int) string {
 	return rule + "-" + windowName(l)
 }
 
-// windowName names a limit's window: "1s", "1h", "calendar_day".
-func windowName(l Limit) string {
-	if l.Period != NoPeriod {
-		return l.Period.String()
-	}
-	return formatWindow(l.Window)
-}
-
-func formatWindow(d time.Duration) string {
-	s := d.String()
-	for _, suf := range [...]string{"m0s", "h0m"} {
-		s = strings.Replace(s, suf, string(suf[0]), 1)
-	}
-	return s
-}
+// windowName names a limit's window as the rules file spells it: "1s",
+// "1h", "1d", "calendar_day".
+func windowName(l Limit) string { return l.internal().WindowName() }
 
 // allowed reports whether key is on the rule's allowlist.
 func (c *compiledRule) allowed(key string) bool {
@@ -361,87 +377,7 @@ func (c *compiledRule) matches(method, cleanPath string) bool {
 			return false
 		}
 	}
-	return c.match.matches(cleanPath)
-}
-
-// matcher matches cleaned paths against a pattern split into segments.
-type matcher struct {
-	all      bool
-	segs     []string // "" stands for any one segment
-	wildcard bool     // the pattern ends in /*
-}
-
-// ValidatePath reports whether p is a valid Rule.Path pattern, with an
-// error that says what is wrong when it is not.
-func ValidatePath(p string) error {
-	_, err := compileMatcher(p)
-	return err
-}
-
-func compileMatcher(p string) (matcher, error) {
-	if p == "" || p == "/*" || p == "*" {
-		return matcher{all: true}, nil
-	}
-	if !strings.HasPrefix(p, "/") {
-		return matcher{}, fmt.Errorf("%q must start with /", p)
-	}
-	var m matcher
-	rest := p[1:]
-	if strings.HasSuffix(rest, "/*") || rest == "*" {
-		m.wildcard = true
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "*"), "/")
-	}
-	if rest == "" {
-		return m, nil
-	}
-	for s := range strings.SplitSeq(rest, "/") {
-		switch {
-		case s == "*" || len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}*"):
-			m.segs = append(m.segs, "")
-		case s == "":
-			return matcher{}, fmt.Errorf("%q has an empty segment: requests are matched by their cleaned path, without doubled or trailing slashes", p)
-		case s == "." || s == "..":
-			return matcher{}, fmt.Errorf("%q has a %q segment: requests are matched by their cleaned path, without dot segments", p, s)
-		case strings.ContainsAny(s, "*{}"):
-			return matcher{}, fmt.Errorf("%q: bad segment %q: * and {name} stand for whole segments", p, s)
-		default:
-			m.segs = append(m.segs, s)
-		}
-	}
-	return m, nil
-}
-
-func (m *matcher) matches(p string) bool {
-	if m.all {
-		return true
-	}
-	rest := strings.TrimPrefix(p, "/")
-	for _, want := range m.segs {
-		if rest == "" {
-			return false
-		}
-		seg, tail, _ := strings.Cut(rest, "/")
-		if want != "" && seg != want {
-			return false
-		}
-		rest = tail
-	}
-	return rest == "" || m.wildcard
-}
-
-// cleanPath returns p as the rules see it: rooted, without dot segments,
-// doubled or trailing slashes. It allocates only when p is not clean.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] == '/' && !strings.Contains(p, "//") && !strings.Contains(p, "/.") && (len(p) == 1 || p[len(p)-1] != '/') {
-		return p
-	}
-	if p[0] != '/' {
-		p = "/" + p
-	}
-	return path.Clean(p)
+	return c.match.Match(cleanPath)
 }
 
 // compileConditions checks and copies the rule's Headers and Query.

@@ -150,8 +150,8 @@ func TestRulesPathMatching(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Limited != tt.want {
-				t.Errorf("pattern %q, path %q: limited = %v, want %v", tt.pattern, tt.path, res.Limited, tt.want)
+			if res.Applied != tt.want {
+				t.Errorf("pattern %q, path %q: limited = %v, want %v", tt.pattern, tt.path, res.Applied, tt.want)
 			}
 		})
 	}
@@ -195,8 +195,8 @@ func TestRulesMethodMatching(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Limited != tt.want {
-				t.Errorf("methods %v, request %s: limited = %v, want %v", tt.methods, tt.method, res.Limited, tt.want)
+			if res.Applied != tt.want {
+				t.Errorf("methods %v, request %s: limited = %v, want %v", tt.methods, tt.method, res.Applied, tt.want)
 			}
 		})
 	}
@@ -213,7 +213,7 @@ func TestRulesGetCoversHead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Limited {
+	if !res.Applied {
 		t.Error("HEAD /search is not limited by a GET rule")
 	}
 }
@@ -579,15 +579,15 @@ func TestRulesSkip(t *testing.T) {
 	}
 }
 
-// rulesDecisions records what WithOnDecision reports.
+// rulesDecisions records what Observer.Decided reports.
 type rulesDecisions struct {
 	mu  sync.Mutex
 	got []middleware.Result
 }
 
-func (d *rulesDecisions) record(_ keyfunc.Request, res middleware.Result) {
+func (d *rulesDecisions) record(_ keyfunc.Request, res *middleware.Result) {
 	d.mu.Lock()
-	d.got = append(d.got, res)
+	d.got = append(d.got, *res)
 	d.mu.Unlock()
 }
 
@@ -605,7 +605,7 @@ func TestRulesShadowRule(t *testing.T) {
 	lim, _ := newRulesLimiter(t, []middleware.Rule{
 		{Name: "trial", Key: rulesGlobalKey, Shadow: true, Limits: []middleware.Limit{middleware.PerMinute(2)}},
 		{Name: "api", Key: rulesGlobalKey, Limits: []middleware.Limit{middleware.PerMinute(5)}},
-	}, middleware.WithOnDecision(dec.record))
+	}, middleware.WithObserver(&middleware.Hooks{OnDecided: dec.record}))
 	h := lim.Handler(rulesOK)
 	for i := range 5 {
 		rec := rulesServe(h, rulesReq("GET", "/", "192.0.2.1:1"))
@@ -627,14 +627,14 @@ func TestRulesShadowRule(t *testing.T) {
 	}
 }
 
-// What WithOnDecision reports about a shadow rule's own decision must say
+// What Observer.Decided reports about a shadow rule's own decision must say
 // that it was shadowed, so a hook that counts denials does not count it.
 func TestRulesShadowRuleReport(t *testing.T) {
 	t.Parallel()
 	var dec rulesDecisions
 	lim, _ := newRulesLimiter(t, []middleware.Rule{
 		{Name: "trial", Key: rulesGlobalKey, Shadow: true, Limits: []middleware.Limit{middleware.PerMinute(1)}},
-	}, middleware.WithOnDecision(dec.record))
+	}, middleware.WithObserver(&middleware.Hooks{OnDecided: dec.record}))
 	for range 2 {
 		if _, err := lim.Decide(keyfunc.FromHTTP(rulesReq("GET", "/", "192.0.2.1:1"))); err != nil {
 			t.Fatal(err)
@@ -656,7 +656,7 @@ func TestRulesShadowNotChargedWhenDenied(t *testing.T) {
 	lim, _ := newRulesLimiter(t, []middleware.Rule{
 		{Name: "login", Key: rulesGlobalKey, Limits: []middleware.Limit{middleware.PerMinute(1)}},
 		{Name: "trial", Key: rulesGlobalKey, Shadow: true, Limits: []middleware.Limit{middleware.PerMinute(2)}},
-	}, middleware.WithOnDecision(dec.record))
+	}, middleware.WithObserver(&middleware.Hooks{OnDecided: dec.record}))
 	for range 5 {
 		if _, err := lim.Decide(keyfunc.FromHTTP(rulesReq("GET", "/", "192.0.2.1:1"))); err != nil {
 			t.Fatal(err)
@@ -674,7 +674,7 @@ func TestRulesGlobalShadowMode(t *testing.T) {
 	var dec rulesDecisions
 	lim, _ := newRulesLimiter(t, []middleware.Rule{
 		{Name: "api", Key: rulesGlobalKey, Limits: []middleware.Limit{middleware.PerMinute(2)}},
-	}, middleware.WithShadowMode(), middleware.WithOnDecision(dec.record))
+	}, middleware.WithShadowMode(), middleware.WithObserver(&middleware.Hooks{OnDecided: dec.record}))
 	h := lim.Handler(rulesOK)
 	for i := range 4 {
 		rec := rulesServe(h, rulesReq("GET", "/", "192.0.2.1:1"))

@@ -64,19 +64,17 @@ func starve(t *testing.T, srv *redistest.Server, limit middleware.Limit, wantMos
 	var changes atomic.Int64
 	var firstDown atomic.Value
 	for i := range lims {
-		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{}), middleware.RedisConfig{
-			Prefix: prefix,
-			OnHealthChange: func(e middleware.HealthEvent) {
-				changes.Add(1)
-				if !e.Up {
-					firstDown.CompareAndSwap(nil, e.Cause)
-				}
-			},
-		})
+		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{}), middleware.RedisConfig{Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
 		closeStore(t, store)
+		store.AddObserver(&middleware.Hooks{OnStoreHealth: func(e middleware.HealthEvent) {
+			changes.Add(1)
+			if !e.Up {
+				firstDown.CompareAndSwap(nil, e.Cause)
+			}
+		}})
 		lims[i] = newLimiter(t, limit, keyfunc.RemoteIP(), middleware.WithStore(store))
 	}
 
@@ -120,10 +118,10 @@ func starve(t *testing.T, srv *redistest.Server, limit middleware.Limit, wantMos
 					res, err := lim.Decide(r)
 					to := time.Now()
 					total.Add(1)
-					if err != nil || res.Err != nil || !res.Limited {
+					if err != nil || res.StoreErr != nil || !res.Applied {
 						failed.Add(1)
 						if err == nil {
-							err = res.Err
+							err = res.StoreErr
 						}
 						if err != nil {
 							firstErr.CompareAndSwap(nil, err)

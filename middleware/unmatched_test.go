@@ -15,9 +15,9 @@ func TestUnmatched(t *testing.T) {
 	t.Parallel()
 	var outcomes []middleware.Outcome
 	rules := []middleware.Rule{{Name: "api", Path: "/api/*", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5)}}}
-	lim, _ := newRulesLimiter(t, rules, middleware.WithOnDecision(func(_ keyfunc.Request, res middleware.Result) {
+	lim, _ := newRulesLimiter(t, rules, middleware.WithObserver(&middleware.Hooks{OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
 		outcomes = append(outcomes, res.Outcome)
-	}))
+	}}))
 	h := lim.Handler(rulesOK)
 	if lim.Unmatched() != middleware.UnmatchedAllow {
 		t.Fatal("default policy is not allow")
@@ -75,7 +75,7 @@ func TestRuleConditions(t *testing.T) {
 	if res := decide("/", "192.0.2.1:1", "X-Beta", "1"); res.Allowed {
 		t.Errorf("match, second: %+v", res)
 	}
-	if res := decide("/", "192.0.2.1:1"); !res.Allowed || res.Limited {
+	if res := decide("/", "192.0.2.1:1"); !res.Allowed || res.Applied {
 		t.Errorf("no match: %+v", res)
 	}
 	res := decide("/?evil=1", "192.0.2.1:1")

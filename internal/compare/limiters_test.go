@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -174,7 +173,7 @@ var memLimiters = []memLimiter{
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = st.(io.Closer).Close() })
+		tb.Cleanup(func() { _ = st.Close() })
 		return sluiceMemCounter(st, middleware.PerMinute(bigLimit))
 	}},
 	{"ulule", func(tb testing.TB) memCounter {
@@ -318,6 +317,7 @@ func sluiceRedis(cfg middleware.RedisConfig) func(testing.TB, *redis.Client, rul
 		if err != nil {
 			tb.Fatal(err)
 		}
+		tb.Cleanup(func() { _ = st.Close() })
 		lim := middleware.Limit{Requests: r.requests, Window: r.window}
 		return redisImpl{
 			worker: func() decideFunc {

@@ -20,3 +20,16 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+// TestRefund checks Refund against window.Refund on the suite's table.
+func TestRefund(t *testing.T) {
+	t.Parallel()
+	storetest.RunRefund(t, func(t *testing.T) storetest.Refunder {
+		s, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

@@ -389,7 +389,7 @@ func TestTakeErrors(t *testing.T) {
 		{name: "zero requests", charges: []window.Charge{good, charge("k", window.Limit{Window: time.Second}, 1)}, nOut: 2, wantErr: `memstore: charge 1 ("rule"): limit 0/1s: requests must be > 0`},
 		{name: "zero window", charges: []window.Charge{charge("k", window.Limit{Requests: 1}, 1), good}, nOut: 2, wantErr: `memstore: charge 0 ("rule"): limit 1/0s: window must be > 0`},
 		{name: "sub-millisecond window", charges: []window.Charge{charge("k", window.Limit{Requests: 1, Window: 1500 * time.Microsecond}, 1)}, nOut: 1, wantErr: "whole number of milliseconds"},
-		{name: "too large", charges: []window.Charge{charge("k", window.Limit{Requests: window.MaxRequests + 1, Window: time.Hour}, 1)}, nOut: 1, wantErr: "requests must be at most 2^50"},
+		{name: "too large", charges: []window.Charge{charge("k", window.Limit{Requests: window.MaxRequests + 1, Window: time.Hour}, 1)}, nOut: 1, wantErr: "must be at most 2^50"},
 		{name: "negative cost", charges: []window.Charge{good, charge("k", perHour(10), -1)}, nOut: 2, wantErr: `memstore: charge 1 ("rule"): cost -1 must not be negative`},
 		{name: "canceled", ctx: canceled, charges: []window.Charge{good}, nOut: 1, wantErr: "memstore: context canceled", wantIs: context.Canceled},
 	}

@@ -42,6 +42,8 @@ type call struct {
 	deadline    time.Time
 	hasDeadline bool
 	timed       bool
+	// quiet calls are not counted in Config.OnBatch (RunQuiet).
+	quiet bool
 
 	// cmd is the command of the latest attempt; only the lane touches it.
 	// Several calls of a batch script may share one (merged); idx is then
@@ -292,6 +294,19 @@ func (c *call) release() {
 	c.args = c.args[:0]
 	c.script, c.cmd, c.val, c.err, c.idx, c.merged, c.dest = nil, nil, nil, nil, 0, false, nil
 	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
+	c.quiet = false
 	c.state.Store(pending)
 	callPool.Put(c)
+}
+
+// counted returns how many calls of batch Config.OnBatch counts: those
+// that are not quiet.
+func counted(batch []*call) int {
+	n := 0
+	for _, c := range batch {
+		if !c.quiet {
+			n++
+		}
+	}
+	return n
 }

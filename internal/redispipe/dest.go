@@ -254,7 +254,9 @@ func (l *lane) run() {
 		}
 
 		if fn := d.p.cfg.OnBatch; fn != nil {
-			fn(len(l.batch))
+			if n := counted(l.batch); n > 0 {
+				fn(n)
+			}
 		}
 		answered := l.exec(l.batch)
 
@@ -571,7 +573,7 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 		run, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()
 	}
-	if fn := d.p.cfg.OnBatch; fn != nil {
+	if fn := d.p.cfg.OnBatch; fn != nil && !c.quiet {
 		fn(1)
 	}
 	c.setCmd(run)

@@ -313,6 +313,10 @@ func (p *Pipeliner) Run(ctx context.Context, script *redis.Script, keys []string
 // same as Run with a context that ends then, without the cost of making
 // one for every call.
 func (p *Pipeliner) RunBy(ctx context.Context, deadline time.Time, script *redis.Script, keys []string, args ...any) (any, error) {
+	return p.run(ctx, deadline, false, script, keys, args...)
+}
+
+func (p *Pipeliner) run(ctx context.Context, deadline time.Time, quiet bool, script *redis.Script, keys []string, args ...any) (any, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -325,6 +329,7 @@ func (p *Pipeliner) RunBy(ctx context.Context, deadline time.Time, script *redis
 	}
 	c := newCall(ctx, deadline, script, keys, args)
 	c.dest = d
+	c.quiet = quiet
 	if p.kind == kindCluster {
 		c.slot = Slot(keys[0])
 	}
@@ -337,6 +342,13 @@ func (p *Pipeliner) RunBy(ctx context.Context, deadline time.Time, script *redis
 		return nil, err
 	}
 	return c.wait(ctx)
+}
+
+// RunQuiet is Run for background work (polling a key, say) that is not
+// counted in Config.OnBatch, so that the batch sizes report decisions
+// only; it is batched, and fails fast on a server that is down, as Run.
+func (p *Pipeliner) RunQuiet(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	return p.run(ctx, time.Time{}, true, script, keys, args...)
 }
 
 // route returns the destination of a call with keys.

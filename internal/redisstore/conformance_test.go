@@ -54,3 +54,23 @@ func newTestStore(t testing.TB, client redis.Scripter, prefix string) *Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// TestTakeBack checks takeback.lua against window.Refund on the suite's
+// table, standalone and on a cluster.
+func TestTakeBack(t *testing.T) {
+	t.Parallel()
+	t.Run("Standalone", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Shared(t)
+		storetest.RunRefund(t, func(t *testing.T) storetest.Refunder {
+			return newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+		})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.SharedCluster(t)
+		storetest.RunRefund(t, func(t *testing.T) storetest.Refunder {
+			return newTestStore(t, cl.Client(t, nil), cl.Prefix(t))
+		})
+	})
+}

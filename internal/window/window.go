@@ -1,5 +1,15 @@
-// Package window holds the vocabulary shared by every store and the pure
-// arithmetic of the sliding-window counter.
+// Package window holds the vocabulary shared by every store (Limit,
+// Charge, Decision, Slot, State) and the pure arithmetic, with an explicit
+// now, of the five algorithms a limit may count with: the sliding-window
+// counter (window.go), the fixed window (fixed.go), the sliding log
+// (log.go), the token bucket (token.go) and the leaky bucket used as a
+// queue (leaky.go). The in-memory store runs this arithmetic itself; the
+// Redis store's Lua scripts are its twins, checked against it on shared
+// tables of instants. Package middleware declares the public Limit,
+// Charge, Decision and Slot with the same layout and converts at the seam.
+//
+// The rest of this comment describes the sliding-window counter, the
+// default; each other algorithm is described at the top of its file.
 //
 // # Windows anchored per counter
 //
@@ -53,6 +63,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/bits"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,6 +127,14 @@ type Limit struct {
 	// bound beyond the queue's length. It must be a whole number of
 	// milliseconds; other algorithms must leave it zero.
 	MaxDelay time.Duration
+	// Ceiling, when above Requests, makes the limit elastic (see package
+	// middleware); the stores ignore it.
+	Ceiling int
+	// Ban, when > 0, is how long a client this limit refuses is refused
+	// under its rule afterwards. Stores do not read it: the middleware
+	// keeps bans. It must be a whole number of milliseconds, at most
+	// MaxWindow.
+	Ban time.Duration
 }
 
 // String returns the limit as "100/1m0s", followed by its algorithm when
@@ -135,54 +155,105 @@ func (l Limit) String() string {
 }
 
 // Validate reports whether the limit can be used, with an error that says
-// what is wrong when it cannot.
+// what is wrong when it cannot: a *LimitError, which names the field at
+// fault.
 func (l Limit) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &LimitError{Limit: l, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case l.Algorithm >= algorithms:
-		return fmt.Errorf("limit %s: unknown algorithm %d", l, l.Algorithm)
+		return bad("algorithm", "unknown algorithm %d", l.Algorithm)
 	case l.Requests <= 0:
-		return fmt.Errorf("limit %s: requests must be > 0", l)
+		return bad("requests", "requests must be > 0")
 	case l.Requests > MaxRequests:
-		return fmt.Errorf("limit %s: requests must be at most 2^50 (%d)", l, MaxRequests)
+		return bad("requests", "requests %d must be at most 2^50 (%d)", l.Requests, MaxRequests)
 	case l.Period != NoPeriod:
 		if l.Algorithm != FixedWindow {
-			return fmt.Errorf("limit %s: a calendar period needs the fixed_window algorithm", l)
+			return bad("algorithm", "%s cannot count a calendar period (%s): calendar periods need fixed_window", l.Algorithm, l.Period)
 		}
 		if l.Period >= periods {
-			return fmt.Errorf("limit %s: unknown period %d", l, l.Period)
+			return bad("window", "unknown period %d", l.Period)
 		}
 		if l.Window != 0 && l.Window != l.Period.nominal() {
-			return fmt.Errorf("limit %s: a calendar period has no window (or its nominal %s)", l, l.Period.nominal())
+			return bad("window", "a calendar period has no window (or its nominal %s)", l.Period.nominal())
 		}
 	case l.Window <= 0:
-		return fmt.Errorf("limit %s: window must be > 0", l)
+		return bad("window", "window must be > 0")
 	case l.Window%time.Millisecond != 0:
-		return fmt.Errorf("limit %s: window must be a whole number of milliseconds", l)
+		return bad("window", "window must be a whole number of milliseconds")
 	case l.Window > MaxWindow:
-		return fmt.Errorf("limit %s: window must be at most %s (3660 days)", l, MaxWindow)
+		return bad("window", "window %s must be at most 3660d", FormatWindow(l.Window))
 	}
 	switch {
 	case l.Location != nil && l.Period == NoPeriod:
-		return fmt.Errorf("limit %s: a time zone applies only to a calendar period", l)
+		return bad("time_zone", "a time zone applies only to a calendar period (calendar_day, calendar_week or calendar_month), not to a window of %s", FormatWindow(l.Window))
 	case l.Burst != 0 && l.Algorithm != TokenBucket && l.Algorithm != LeakyBucket:
-		return fmt.Errorf("limit %s: burst applies only to the token_bucket and leaky_bucket algorithms", l)
+		return bad("burst", "burst applies only to the token_bucket and leaky_bucket algorithms, not to %s", l.Algorithm)
 	case l.MaxDelay != 0 && l.Algorithm != LeakyBucket:
-		return fmt.Errorf("limit %s: max_delay applies only to the leaky_bucket algorithm", l)
+		return bad("max_delay", "max_delay applies only to the leaky_bucket algorithm, not to %s", l.Algorithm)
 	case l.MaxDelay < 0 || l.MaxDelay%time.Millisecond != 0 || l.MaxDelay > MaxWindow:
-		return fmt.Errorf("limit %s: max_delay %s must be a whole number of milliseconds between 0 and %s", l, l.MaxDelay, MaxWindow)
+		return bad("max_delay", "max_delay %s must be a whole number of milliseconds between 0 and %s", l.MaxDelay, MaxWindow)
 	case l.Algorithm == LeakyBucket && l.Burst >= MaxRequests:
-		return fmt.Errorf("limit %s: a leaky bucket's queue must be below 2^50 (%d)", l, MaxRequests)
+		return bad("burst", "a leaky bucket's queue must be below 2^50 (%d)", MaxRequests)
 	case l.Burst < 0 || l.Burst > MaxRequests:
-		return fmt.Errorf("limit %s: burst must be between 1 and 2^50 (%d), or 0 for requests", l, MaxRequests)
+		return bad("burst", "burst %d must be between 1 and 2^50 (%d), or 0 for requests", l.Burst, MaxRequests)
+	case l.Ban < 0 || l.Ban%time.Millisecond != 0 || l.Ban > MaxWindow:
+		return bad("ban", "ban %s must be a whole number of milliseconds between 0 and %s", l.Ban, MaxWindow)
 	case l.MaxLog != 0 && l.Algorithm != SlidingLog:
-		return fmt.Errorf("limit %s: max_log applies only to the sliding_log algorithm", l)
+		return bad("max_log", "max_log applies only to the sliding_log algorithm, not to %s", l.Algorithm)
 	case l.MaxLog < 0 || l.MaxLog > MaxLogRequests:
-		return fmt.Errorf("limit %s: max_log must be between 1 and %d, or 0 for %d", l, MaxLogRequests, DefaultMaxLog)
+		return bad("max_log", "max_log %d must be between 1 and %d, or 0 for %d", l.MaxLog, MaxLogRequests, DefaultMaxLog)
 	case l.Algorithm == SlidingLog && l.Requests > max(l.MaxLog, DefaultMaxLog):
-		return fmt.Errorf("limit %s: a sliding log keeps one entry per request, and %d requests is above its maximum of %d; raise max_log (up to %d) to accept the memory it costs, or use another algorithm", l, l.Requests, max(l.MaxLog, DefaultMaxLog), MaxLogRequests)
+		return bad("requests", "a sliding log keeps one entry per request, and %d requests is above its maximum of %d; raise max_log (up to %d) to accept the memory it costs, or use another algorithm", l.Requests, max(l.MaxLog, DefaultMaxLog), MaxLogRequests)
 	}
 	return nil
 }
+
+// WindowName names the limit's window as a rules file spells it, and as
+// the rate-limit headers name the policies of a rule with several limits
+// ("api-1m"): the calendar period ("calendar_day") or FormatWindow of
+// Window ("1s", "1m", "1h30m", "1d", "2w").
+func (l Limit) WindowName() string {
+	if l.Period != NoPeriod {
+		return l.Period.String()
+	}
+	return FormatWindow(l.Window)
+}
+
+// FormatWindow formats a window as a rules file spells it: whole weeks as
+// "2w", whole days as "3d", anything else as a Go duration without its
+// zero units ("1m" rather than "1m0s", "1h30m", "90ms").
+func FormatWindow(d time.Duration) string {
+	const day, week = 24 * time.Hour, 7 * 24 * time.Hour
+	switch {
+	case d > 0 && d%week == 0:
+		return strconv.FormatInt(int64(d/week), 10) + "w"
+	case d > 0 && d%day == 0:
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// LimitError is what Validate finds wrong with a limit: Msg says what,
+// and Field names the field at fault as a rules file spells it
+// ("requests", "window", "algorithm", "burst", "time_zone", "max_log",
+// "max_delay"), so that a file's loader can point at its line.
+type LimitError struct {
+	Limit Limit
+	Field string
+	Msg   string
+}
+
+// Error returns "limit <the limit>: <Msg>".
+func (e *LimitError) Error() string { return "limit " + e.Limit.String() + ": " + e.Msg }
 
 // Capacity is the most a limit admits at once: Burst for a TokenBucket
 // (Requests when Burst is zero), one plus the queue for a LeakyBucket (the

@@ -26,10 +26,10 @@ func TestLimitValidate(t *testing.T) {
 		{Limit{Requests: MaxRequests, Window: MaxWindow}, ""},
 		{Limit{Requests: 0, Window: time.Minute}, "limit 0/1m0s: requests must be > 0"},
 		{Limit{Requests: -1, Window: time.Minute}, "limit -1/1m0s: requests must be > 0"},
-		{Limit{Requests: MaxRequests + 1, Window: time.Minute}, "limit 1125899906842625/1m0s: requests must be at most 2^50 (1125899906842624)"},
+		{Limit{Requests: MaxRequests + 1, Window: time.Minute}, "limit 1125899906842625/1m0s: requests 1125899906842625 must be at most 2^50 (1125899906842624)"},
 		{Limit{Requests: 1, Window: 0}, "limit 1/0s: window must be > 0"},
 		{Limit{Requests: 1, Window: 1500 * time.Microsecond}, "limit 1/1.5ms: window must be a whole number of milliseconds"},
-		{Limit{Requests: 1, Window: MaxWindow + time.Millisecond}, "limit 1/87840h0m0.001s: window must be at most 87840h0m0s (3660 days)"},
+		{Limit{Requests: 1, Window: MaxWindow + time.Millisecond}, "limit 1/87840h0m0.001s: window 87840h0m0.001s must be at most 3660d"},
 	}
 	for _, tt := range tests {
 		err := tt.l.Validate()

@@ -29,8 +29,10 @@ const MaxFileSize = 1 << 20
 // maxErrors is how many problems Parse reports before it stops.
 const maxErrors = 10
 
-// Config is a loaded rules file.
-type Config struct {
+// Document is a rules document as loaded (by Load, Parse, Open or
+// OpenSource): a rules file or an Envoy-style descriptor file, decoded into
+// rules and the Limiter options it sets.
+type Document struct {
 	// File is the name the file was loaded under, as given to Parse or Load.
 	File string
 
@@ -68,7 +70,7 @@ type Config struct {
 // Options returns the Limiter options the file sets, for
 // middleware.NewRules: the header style, and unmatched when the file sets
 // it. Options passed after them win.
-func (c *Config) Options() []middleware.Option {
+func (c *Document) Options() []middleware.Option {
 	opts := []middleware.Option{middleware.WithHeaderStyle(c.HeaderStyle)}
 	if c.UnmatchedSet {
 		opts = append(opts, middleware.WithUnmatched(c.Unmatched))
@@ -128,6 +130,14 @@ type Env struct {
 	// built-ins nor DescriptorHeaders cover. They are called on every
 	// request and must be fast. They win over DescriptorHeaders.
 	Descriptors map[string]func(keyfunc.Request) (string, bool)
+
+	// RateLimitService makes the rules of an Envoy/Lyft-style descriptor
+	// file those of a rate limit service, as the Envoy ratelimit service
+	// reads the file: any descriptor key is accepted, and the rules match
+	// the descriptors of a DescriptorRequest, entry by entry, instead of
+	// attributes of HTTP requests, which they never match. The other
+	// descriptor fields of Env are then unused. adapters/envoyrls sets it.
+	RateLimitService bool
 }
 
 var keyNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
@@ -197,7 +207,7 @@ func (e *Error) Error() string {
 
 // Load reads the rules file at path and parses it with Parse. Errors name the
 // file as path.
-func Load(path string, env Env) (*Config, error) {
+func Load(path string, env Env) (*Document, error) {
 	data, err := readFile(path)
 	if err != nil {
 		return nil, err
@@ -223,15 +233,15 @@ func readFile(path string) ([]byte, error) {
 }
 
 // Parse parses a rules file, YAML or JSON, and builds its rules with env.
-// filename names the file in errors. See the package documentation for the
-// schema.
+// filename names the file in errors. The schema is documented in docs/rules.md
+// (https://github.com/sluicehq/sluice/blob/main/docs/rules.md).
 //
 // Parse checks everything middleware.NewRules would, so the rules of a
-// Config it returns are accepted by NewRules and SetRules. When the file has
+// Document it returns are accepted by NewRules and SetRules. When the file has
 // problems, Parse returns an *Error, or up to ten of them joined with
 // errors.Join. A problem with env itself, which no file could fix, is a
 // plain error prefixed "config: ".
-func Parse(data []byte, filename string, env Env) (*Config, error) {
+func Parse(data []byte, filename string, env Env) (*Document, error) {
 	if err := env.check(); err != nil {
 		return nil, err
 	}

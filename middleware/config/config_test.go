@@ -72,7 +72,7 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
 
 // limiter builds a Limiter from cfg on a frozen clock.
-func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
+func limiter(t *testing.T, cfg *config.Document, opts ...middleware.Option) (*middleware.Limiter, *testclock.Clock) {
 	t.Helper()
 	clk := newClock()
 	lim, err := middleware.NewRules(cfg.Rules, append(append(cfg.Options(), middleware.WithClock(clk.Now)), opts...)...)
@@ -84,7 +84,7 @@ func limiter(t *testing.T, cfg *config.Config, opts ...middleware.Option) (*midd
 }
 
 // mustParse parses a file that must load.
-func mustParse(t *testing.T, src string, env config.Env) *config.Config {
+func mustParse(t *testing.T, src string, env config.Env) *config.Document {
 	t.Helper()
 	cfg, err := config.Parse([]byte(src), "rules.yaml", env)
 	if err != nil {
@@ -174,12 +174,12 @@ rules.yaml:1: rules: required`,
 		{
 			name: "requests too large",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1125899906842625, window: 1d}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].requests: 1125899906842625 is too large: requests must not exceed 2^50 (1125899906842624)",
+			want: "rules.yaml:1: rules[0].limits[0].requests: requests 1125899906842625 must be at most 2^50 (1125899906842624)",
 		},
 		{
 			name: "window too long",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 523w}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].window: 523w is too long: a window must not exceed 3660d",
+			want: "rules.yaml:1: rules[0].limits[0].window: window 523w must be at most 3660d",
 		},
 		{
 			name: "weeks not whole",
@@ -217,9 +217,14 @@ rules.yaml:1: rules: required`,
 			want: "rules.yaml:1: rules[0].limits[1].window: 1m used twice (first at line 1): one limit per window",
 		},
 		{
+			name: "limits duplicate window in days",
+			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1d}, {requests: 2, window: 24h}]}]",
+			want: "rules.yaml:1: rules[0].limits[1].window: 1d used twice (first at line 1): one limit per window",
+		},
+		{
 			name: "limit unknown field",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log)",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ceiling, ban)",
 		},
 		{
 			name: "cost zero",
@@ -450,7 +455,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "overage too large for limit",
 			in:   "rules: [{name: a, key: ip, overage: 1, limits: [{requests: 1000000000000000, window: 1000d}]}]",
-			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: limit 2000000000000000/24000h0m0s: requests must be at most 2^50 (1125899906842624)",
+			want: "rules.yaml:1: rules[0].overage: 1 makes rules[0].limits[0] too large: limit 2000000000000000/24000h0m0s: requests 2000000000000000 must be at most 2^50 (1125899906842624)",
 		},
 		{
 			name: "algorithm unknown",
@@ -465,7 +470,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "burst without token bucket",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, burst: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].burst: applies only to the token_bucket and leaky_bucket algorithms, not to sliding_window",
+			want: "rules.yaml:1: rules[0].limits[0].burst: burst applies only to the token_bucket and leaky_bucket algorithms, not to sliding_window",
 		},
 		{
 			name: "burst zero",
@@ -480,7 +485,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "calendar with token bucket",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: calendar_day, algorithm: token_bucket}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].algorithm: token_bucket cannot count a calendar window (calendar_day): calendar periods need fixed_window",
+			want: "rules.yaml:1: rules[0].limits[0].algorithm: token_bucket cannot count a calendar period (calendar_day): calendar periods need fixed_window",
 		},
 		{
 			name: "time zone unknown",
@@ -490,7 +495,7 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "time zone on a duration",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1d, time_zone: Europe/Paris}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].time_zone: applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to 1d",
+			want: "rules.yaml:1: rules[0].limits[0].time_zone: a time zone applies only to a calendar period (calendar_day, calendar_week or calendar_month), not to a window of 1d",
 		},
 		{
 			name: "rule time zone unused",
@@ -505,17 +510,17 @@ rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m}]}]`,
 		{
 			name: "sliding log too long",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 5000, window: 1h, algorithm: sliding_log}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].requests: 5000 is too many for a sliding log, which keeps one entry per request: at most 1000 unless max_log raises it (up to 100000) to accept the memory, or use another algorithm",
+			want: "rules.yaml:1: rules[0].limits[0].requests: a sliding log keeps one entry per request, and 5000 requests is above its maximum of 1000; raise max_log (up to 100000) to accept the memory it costs, or use another algorithm",
 		},
 		{
 			name: "max log too large",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 5000, window: 1h, algorithm: sliding_log, max_log: 200000}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].max_log: 200000 is too large: max_log must not exceed 100000",
+			want: "rules.yaml:1: rules[0].limits[0].max_log: max_log 200000 must be between 1 and 100000, or 0 for 1000",
 		},
 		{
 			name: "max log without sliding log",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 5, window: 1h, max_log: 10}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].max_log: applies only to the sliding_log algorithm, not to sliding_window",
+			want: "rules.yaml:1: rules[0].limits[0].max_log: max_log applies only to the sliding_log algorithm, not to sliding_window",
 		},
 		{
 			name: "cost above burst",
@@ -1028,11 +1033,11 @@ rules:
 `
 	cfg := mustParse(t, src, testEnv())
 	var shadowed atomic.Int64
-	lim, _ := limiter(t, cfg, middleware.WithOnDecision(func(_ keyfunc.Request, res middleware.Result) {
+	lim, _ := limiter(t, cfg, middleware.WithObserver(&middleware.Hooks{OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
 		if res.Shadowed {
 			shadowed.Add(1)
 		}
-	}))
+	}}))
 	h := lim.Handler(okHandler)
 	admitted := func(n int, mk func() *http.Request) int {
 		ok := 0
@@ -1108,7 +1113,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "search-trial"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)

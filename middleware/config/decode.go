@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/pathmatch"
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -30,15 +31,10 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
-)
-
-var (
-	ruleNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-	planNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 )
 
 // standardMethods are the methods a rule may name.
@@ -47,7 +43,7 @@ var standardMethods = []string{
 	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
 }
 
-// decoder turns the nodes of a rules file into a Config, collecting errors
+// decoder turns the nodes of a rules file into a Document, collecting errors
 // as it goes.
 type decoder struct {
 	file  string
@@ -88,8 +84,8 @@ func (d *decoder) err() error {
 }
 
 // root decodes the top-level mapping.
-func (d *decoder) root(n *yaml.Node) *Config {
-	cfg := &Config{File: d.file}
+func (d *decoder) root(n *yaml.Node) *Document {
+	cfg := &Document{File: d.file}
 	if err := checkSize(n); err != "" {
 		d.errorf(n, "", "%s", err)
 		return cfg
@@ -177,7 +173,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			if !ok {
 				return
 			}
-			if !ruleNameRE.MatchString(s) {
+			if !rulename.Valid(s) {
 				d.errorf(v, fpath, "bad name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", s)
 				return
 			}
@@ -245,6 +241,12 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			allow = d.allow(v, fpath)
 		case "plans":
 			plansNode = v
+		case "adaptive_concurrency": // overload.go
+			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
+		case "priority":
+			r.Priority, _ = d.priority(v, fpath)
+		case "count":
+			r.Count = d.count(v, fpath)
 		}
 	})
 	if limitsNode != nil {
@@ -259,10 +261,10 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	if nameNode == nil && d.ok(start) {
 		d.errorf(n, path+".name", "required")
 	}
-	if keyNode == nil && d.ok(start) {
+	if keyNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".key", "required")
 	}
-	if limitsNode == nil && concNode == nil && d.ok(start) {
+	if limitsNode == nil && concNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit")
 	}
 	if plansNode != nil && limitsNode == nil && d.ok(start) {
@@ -277,6 +279,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	r.Limits = limits
 
 	// Checks that span fields.
+	d.checkOverload(&r, overageNode, path)
 	d.checkLimits(limits, limitsNode, path+".limits", r.Cost, costNode, r.Overage, overageNode, path)
 	for _, name := range sortedKeys(plans) {
 		d.checkLimits(plans[name], plansNode, path+".plans."+name, r.Cost, costNode, r.Overage, overageNode, path)
@@ -343,7 +346,7 @@ func (d *decoder) match(n *yaml.Node, path string) (p string, methods []string, 
 			if !ok {
 				return
 			}
-			if err := middleware.ValidatePath(s); err != nil {
+			if _, err := pathmatch.Compile(s); err != nil {
 				d.errorf(v, fpath, "%v", err)
 				return
 			}
@@ -422,7 +425,7 @@ func (d *decoder) values(n *yaml.Node, path, example string, fold bool, check fu
 }
 
 // headerStyle decodes the top-level headers field.
-func (d *decoder) headerStyle(v *yaml.Node, cfg *Config) {
+func (d *decoder) headerStyle(v *yaml.Node, cfg *Document) {
 	if s, ok := d.str(v, "headers"); ok {
 		style, err := headers.ParseStyle(s)
 		if err != nil {
@@ -433,7 +436,7 @@ func (d *decoder) headerStyle(v *yaml.Node, cfg *Config) {
 }
 
 // unmatched decodes the top-level unmatched field.
-func (d *decoder) unmatched(v *yaml.Node, cfg *Config) {
+func (d *decoder) unmatched(v *yaml.Node, cfg *Document) {
 	s, ok := d.str(v, "unmatched")
 	if !ok {
 		return
@@ -453,7 +456,7 @@ func (d *decoder) unmatched(v *yaml.Node, cfg *Config) {
 // limitDefaults are the settings of a rule that apply to each of its
 // limits (and of its plans' limits) that does not set its own.
 type limitDefaults struct {
-	algorithm     window.Algorithm
+	algorithm     middleware.Algorithm
 	algorithmNode *yaml.Node
 	location      *time.Location
 	locationNode  *yaml.Node
@@ -480,7 +483,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		}
 		start := d.nerrs
 		l := middleware.Limit{Algorithm: defaults.algorithm}
-		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode *yaml.Node
+		var reqNode, winNode, algNode, burstNode, tzNode, logNode, delayNode, ceilNode *yaml.Node
 		d.fields(ln, ipath, limitFields, func(field string, v *yaml.Node) {
 			fpath := ipath + "." + field
 			switch field {
@@ -499,7 +502,7 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 						d.errorf(v, fpath, "unknown calendar period %q: want calendar_day, calendar_week or calendar_month", v.Value)
 						return
 					}
-					l.Period, winNode = p, v
+					l.Period, winNode = middleware.Period(p), v
 					return
 				}
 				if w, ok := d.duration(v, fpath); ok {
@@ -521,6 +524,8 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 				if w, ok := d.duration(v, fpath); ok {
 					l.MaxDelay, delayNode = w, v
 				}
+			case "ban":
+				l.Ban = d.ban(v, fpath)
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
 					l.Location, tzNode = loc, v
@@ -533,6 +538,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 					}
 					l.MaxLog, logNode = m, v
 				}
+			case "ceiling": // overload.go
+				if c, ok := d.ceiling(v, fpath); ok {
+					l.Ceiling, ceilNode = c, v
+				}
 			}
 		})
 		if reqNode == nil && d.ok(start) {
@@ -544,57 +553,31 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 		if !d.ok(start) {
 			continue
 		}
-		if l.Period != window.NoPeriod {
-			// A calendar period implies a fixed window.
-			switch {
-			case algNode == nil:
-				l.Algorithm = window.FixedWindow
-			case l.Algorithm != window.FixedWindow:
-				d.errorf(algNode, ipath+".algorithm", "%s cannot count a calendar window (%s): calendar periods need fixed_window", l.Algorithm, l.Period)
-				continue
+		if l.Period != middleware.NoPeriod {
+			// A calendar period implies a fixed window, in the rule's
+			// time zone unless the limit has its own.
+			if algNode == nil {
+				l.Algorithm = middleware.FixedWindow
 			}
 			if tzNode == nil && defaults.location != nil {
 				l.Location = defaults.location
 				defaults.usedLocation = true
 			}
-		} else if tzNode != nil {
-			d.errorf(tzNode, ipath+".time_zone", "applies only to a calendar window (calendar_day, calendar_week or calendar_month), not to %s", formatDuration(l.Window))
-			continue
-		}
-		if burstNode != nil && l.Algorithm != window.TokenBucket && l.Algorithm != window.LeakyBucket {
-			d.errorf(burstNode, ipath+".burst", "applies only to the token_bucket and leaky_bucket algorithms, not to %s", l.Algorithm)
-			continue
-		}
-		if delayNode != nil && l.Algorithm != window.LeakyBucket {
-			d.errorf(delayNode, ipath+".max_delay", "applies only to the leaky_bucket algorithm, not to %s", l.Algorithm)
-			continue
-		}
-		if logNode != nil && l.Algorithm != window.SlidingLog {
-			d.errorf(logNode, ipath+".max_log", "applies only to the sliding_log algorithm, not to %s", l.Algorithm)
-			continue
-		}
-		if l.Requests > window.MaxRequests {
-			d.errorf(reqNode, ipath+".requests", "%d is too large: requests must not exceed 2^50 (%d)", l.Requests, window.MaxRequests)
-			continue
-		}
-		if l.Burst > window.MaxRequests {
-			d.errorf(burstNode, ipath+".burst", "%d is too large: burst must not exceed 2^50 (%d)", l.Burst, window.MaxRequests)
-			continue
-		}
-		if l.Window > window.MaxWindow {
-			d.errorf(winNode, ipath+".window", "%s is too long: a window must not exceed 3660d", formatDuration(l.Window))
-			continue
-		}
-		if l.MaxLog > window.MaxLogRequests {
-			d.errorf(logNode, ipath+".max_log", "%d is too large: max_log must not exceed %d", l.MaxLog, window.MaxLogRequests)
-			continue
-		}
-		if l.Algorithm == window.SlidingLog && l.Requests > max(l.MaxLog, window.DefaultMaxLog) {
-			d.errorf(reqNode, ipath+".requests", "%d is too many for a sliding log, which keeps one entry per request: at most %d unless max_log raises it (up to %d) to accept the memory, or use another algorithm", l.Requests, max(l.MaxLog, window.DefaultMaxLog), window.MaxLogRequests)
-			continue
 		}
 		if err := l.Validate(); err != nil {
-			d.errorf(ln, ipath, "%v", err)
+			// Limit.Validate is the one judge of a limit; its error names
+			// the field at fault, which points at the line.
+			nodes := map[string]*yaml.Node{"requests": reqNode, "window": winNode, "algorithm": algNode,
+				"burst": burstNode, "time_zone": tzNode, "max_log": logNode, "max_delay": delayNode}
+			var le *window.LimitError
+			if errors.As(err, &le) && nodes[le.Field] != nil {
+				d.errorf(nodes[le.Field], ipath+"."+le.Field, "%s", le.Msg)
+			} else {
+				d.errorf(ln, ipath, "%v", err)
+			}
+			continue
+		}
+		if !d.checkCeiling(l, ceilNode, ipath) {
 			continue
 		}
 		w := windowName(l)
@@ -608,12 +591,10 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 	return out
 }
 
-// windowName is how a file names a limit's window: "1m", "calendar_day".
+// windowName is how a file names a limit's window: "1m", "1d",
+// "calendar_day"; the rate-limit headers name it the same way.
 func windowName(l middleware.Limit) string {
-	if l.Period != window.NoPeriod {
-		return l.Period.String()
-	}
-	return formatDuration(l.Window)
+	return window.Limit{Window: l.Window, Period: window.Period(l.Period)}.WindowName()
 }
 
 // formatLimit describes a limit as a file would: "100 per 1m",
@@ -621,16 +602,16 @@ func windowName(l middleware.Limit) string {
 func formatLimit(l middleware.Limit) string {
 	s := fmt.Sprintf("%d per %s", l.Requests, windowName(l))
 	switch {
-	case (l.Algorithm == window.TokenBucket || l.Algorithm == window.LeakyBucket) && l.Burst > 0:
+	case (l.Algorithm == middleware.TokenBucket || l.Algorithm == middleware.LeakyBucket) && l.Burst > 0:
 		s += fmt.Sprintf(" (%s, burst %d)", l.Algorithm, l.Burst)
-	case l.Algorithm != window.SlidingWindow:
+	case l.Algorithm != middleware.SlidingWindow:
 		s += " (" + l.Algorithm.String() + ")"
 	}
 	return s
 }
 
 // algorithm decodes an algorithm's name.
-func (d *decoder) algorithm(n *yaml.Node, path string) (window.Algorithm, bool) {
+func (d *decoder) algorithm(n *yaml.Node, path string) (middleware.Algorithm, bool) {
 	s, ok := d.str(n, path)
 	if !ok {
 		return 0, false
@@ -640,7 +621,7 @@ func (d *decoder) algorithm(n *yaml.Node, path string) (window.Algorithm, bool) 
 		d.errorf(n, path, "%v", err)
 		return 0, false
 	}
-	return a, true
+	return middleware.Algorithm(a), true
 }
 
 // timeZone decodes an IANA time zone name such as "Europe/Paris".
@@ -674,7 +655,7 @@ func (d *decoder) plans(n *yaml.Node, path string, defaults *limitDefaults) map[
 	plans := map[string][]middleware.Limit{}
 	d.fields(n, path, nil, func(name string, v *yaml.Node) {
 		fpath := path + "." + name
-		if !planNameRE.MatchString(name) {
+		if !rulename.Valid(name) {
 			d.errorf(v, fpath, "bad plan name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", name)
 			return
 		}
@@ -911,20 +892,6 @@ func wholeUnits(s string) (n int64, unit time.Duration, ok bool) {
 		n = 1<<63 - 1
 	}
 	return n, unit, true
-}
-
-// formatDuration formats a window as a file would: 1m rather than 1m0s.
-func formatDuration(d time.Duration) string {
-	if d%week == 0 {
-		return strconv.FormatInt(int64(d/week), 10) + "w"
-	}
-	if d%day == 0 {
-		return strconv.FormatInt(int64(d/day), 10) + "d"
-	}
-	s := d.String()
-	s = strings.Replace(s, "m0s", "m", 1)
-	s = strings.Replace(s, "h0m", "h", 1)
-	return s
 }
 
 // describe names what a node is, for error messages.

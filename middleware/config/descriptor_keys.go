@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/internal/httptoken"
+	"github.com/sluicehq/sluice/internal/keytext"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -43,6 +44,10 @@ func (d *decoder) attribute(key string, b *descBuild) (*attribute, error) {
 
 func (d *decoder) newAttribute(key string) (*attribute, error) {
 	env := d.env
+	if env.RateLimitService {
+		// The descriptor request's entries carry every key's value.
+		return &attribute{}, nil
+	}
 	if fn, ok := env.Descriptors[key]; ok {
 		return valueAttribute(key, fn), nil
 	}
@@ -172,5 +177,5 @@ func canonicalAddress(s string) (string, error) {
 	if err != nil || a.Zone() != "" {
 		return "", errors.New("bad remote_address " + strconv.Quote(s) + ": want an IP address such as 203.0.113.7, or a prefix ending in *")
 	}
-	return string(keyfunc.AppendIP(nil, a, keyfunc.DefaultIPv4Prefix, keyfunc.DefaultIPv6Prefix)), nil
+	return string(keytext.AppendIP(nil, a, keyfunc.DefaultIPv4Prefix, keyfunc.DefaultIPv6Prefix)), nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/internal/window"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -50,6 +51,7 @@ func isDescriptorFile(n *yaml.Node) bool {
 // descStep is one level of a descriptor: which requests it selects.
 type descStep struct {
 	attr   *attribute
+	key    string // the descriptor key
 	name   string // the rule-name part: key or key_value
 	kind   int    // stepAny, stepExact or stepPrefix
 	value  string // the exact value or the wildcard's prefix
@@ -68,7 +70,12 @@ const (
 // the Envoy ratelimit service tries them.
 func (s *descStep) matches(r keyfunc.Request) bool {
 	v, ok := s.attr.value(r)
-	if !ok || v == "" {
+	return ok && s.matchesValue(v)
+}
+
+// matchesValue reports whether this level selects the value v.
+func (s *descStep) matchesValue(v string) bool {
+	if v == "" {
 		return false
 	}
 	switch s.kind {
@@ -109,7 +116,7 @@ type descBuild struct {
 }
 
 // descriptorRoot decodes an Envoy/Lyft-style descriptor file into cfg.
-func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Config) {
+func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Document) {
 	var list *yaml.Node
 	b := &descBuild{names: map[string]bool{}, named: map[string]int{}, replaces: map[int][]*yaml.Node{}, attrs: map[string]*attribute{}}
 	d.fields(n, "", descRootFields, func(key string, v *yaml.Node) {
@@ -205,7 +212,7 @@ func (d *decoder) descriptors(list *yaml.Node, lpath string, parent []*descStep,
 		}
 	}
 	for _, dn := range nodes {
-		st := &descStep{attr: dn.attr, name: dn.key, exact: exact[dn.key]}
+		st := &descStep{attr: dn.attr, key: dn.key, name: dn.key, exact: exact[dn.key]}
 		switch {
 		case !dn.hasValue:
 			st.prefix = prefixes[dn.key]
@@ -339,7 +346,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 				}
 			case "name":
 				if s, ok := d.str(v, fpath); ok {
-					if !ruleNameRE.MatchString(s) {
+					if !rulename.Valid(s) {
 						d.errorf(v, fpath, "bad name %q: want 1 to 64 of A-Z a-z 0-9 _ . -", s)
 						return
 					}
@@ -402,7 +409,7 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	}
 	var keys []keyfunc.Func
 	for _, s := range steps {
-		if s.kind != stepExact {
+		if s.kind != stepExact && s.attr.key != nil { // none for a rate limit service
 			keys = append(keys, s.attr.key)
 		}
 	}
@@ -415,13 +422,22 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 		key = keyfunc.Join(keys...)
 	}
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
+	if d.env.RateLimitService {
+		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow},
+			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
+		if unlimited {
+			m.Limit = middleware.Limit{}
+		}
+		serviceRule(&r, steps, m)
+		match = r.Match
+	}
 	switch {
 	case unlimited:
 		r.LimitsFunc = func(keyfunc.Request, string) []middleware.Limit { return nil }
 	case requests == 0:
 		r.Deny = true
 	default:
-		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: window.FixedWindow}}
+		r.Limits = []middleware.Limit{{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow}}
 	}
 	if nameNode != nil {
 		b.named[name] = len(b.rules)
@@ -453,6 +469,10 @@ func (d *decoder) applyReplaces(b *descBuild) {
 	}
 	for j, replacers := range by {
 		own := b.matches[j]
+		if d.env.RateLimitService {
+			b.rules[j].Match = replacedInService(own, replacers)
+			continue
+		}
 		b.rules[j].Match = func(r keyfunc.Request) bool {
 			if !own(r) {
 				return false

@@ -13,7 +13,7 @@ import (
 )
 
 // loadEnvoy loads one of the samples of the Envoy ratelimit README.
-func loadEnvoy(t *testing.T, name string, env config.Env) *config.Config {
+func loadEnvoy(t *testing.T, name string, env config.Env) *config.Document {
 	t.Helper()
 	cfg, err := config.Load("testdata/envoy/"+name, env)
 	if err != nil {

@@ -48,7 +48,7 @@ func ExampleOpenSource() {
 		}
 	})
 
-	for _, r := range rl.Config().Rules {
+	for _, r := range rl.Document().Rules {
 		fmt.Println(r.Name, r.Limits)
 	}
 	fmt.Println(rl.Status().Err)

@@ -53,7 +53,7 @@ func ExampleOpen() {
 			log.Printf("rules not reloaded: %v", err)
 			return
 		}
-		log.Printf("rules reloaded: %d rules", len(rl.Config().Rules))
+		log.Printf("rules reloaded: %d rules", len(rl.Document().Rules))
 	})
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

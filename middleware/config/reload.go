@@ -45,7 +45,7 @@ type Reloader struct {
 	// unmatched setting.
 	unmatched middleware.UnmatchedPolicy
 
-	cfg atomic.Pointer[Config] // the Config in force
+	cfg atomic.Pointer[Document] // the Document in force
 
 	srcState // of a Source: its status, guarded by mu
 }
@@ -61,7 +61,7 @@ type state struct {
 
 // Open loads the rules file at path, builds a Limiter from it and returns a
 // Reloader that keeps the Limiter's rules in step with the file. opts are
-// added to the file's own options (Config.Options) and win over them; the
+// added to the file's own options (Document.Options) and win over them; the
 // file's rules are used as they are. Close the Limiter when done with it.
 //
 //	rl, err := config.Open("rules.yaml", env, middleware.WithStore(store))
@@ -88,15 +88,15 @@ func Open(path string, env Env, opts ...middleware.Option) (*Reloader, error) {
 // one cfg was parsed with.
 //
 // When cfg sets unmatched, NewReloader applies it to lim (see
-// Config.Unmatched): the file's setting wins over WithUnmatched.
-func NewReloader(lim *middleware.Limiter, cfg *Config, env Env) *Reloader {
+// Document.Unmatched): the file's setting wins over WithUnmatched.
+func NewReloader(lim *middleware.Limiter, cfg *Document, env Env) *Reloader {
 	r := &Reloader{lim: lim, path: cfg.File, env: env}
 	r.init(cfg)
 	return r
 }
 
 // init puts cfg in force for a new Reloader.
-func (r *Reloader) init(cfg *Config) {
+func (r *Reloader) init(cfg *Document) {
 	r.unmatched = r.lim.Unmatched()
 	if cfg.UnmatchedSet {
 		r.unmatched = middleware.UnmatchedAllow
@@ -109,8 +109,8 @@ func (r *Reloader) init(cfg *Config) {
 // Limiter returns the Limiter whose rules r reloads.
 func (r *Reloader) Limiter() *middleware.Limiter { return r.lim }
 
-// Config returns the Config in force: the last one loaded successfully.
-func (r *Reloader) Config() *Config { return r.cfg.Load() }
+// Document returns the Document in force: the last one loaded successfully.
+func (r *Reloader) Document() *Document { return r.cfg.Load() }
 
 // Reload reads the file and, if it loads, replaces the Limiter's rules with
 // its rules (see middleware.Limiter.SetRules): requests in flight finish
@@ -225,7 +225,7 @@ func (r *Reloader) apply(fi os.FileInfo, data []byte) error {
 
 // applyData parses data, read from the source named name, and swaps the
 // Limiter's rules for its rules. r.mu is held.
-func (r *Reloader) applyData(data []byte, name string) (*Config, error) {
+func (r *Reloader) applyData(data []byte, name string) (*Document, error) {
 	cfg, err := Parse(data, name, r.env)
 	if err != nil {
 		return nil, err
@@ -254,7 +254,7 @@ func trusted(fi os.FileInfo) bool {
 
 // Version identifies the contents of the loaded file: the first 12 hex
 // digits of its SHA-256, as AdminHandler's Source reports it.
-func (c *Config) Version() string { return hex.EncodeToString(c.sum[:6]) }
+func (c *Document) Version() string { return hex.EncodeToString(c.sum[:6]) }
 
 // LogReloads returns a function for Watch's onReload (and for the result
 // of Reload) that logs each reload through l: at Info with the file, its
@@ -262,7 +262,7 @@ func (c *Config) Version() string { return hex.EncodeToString(c.sum[:6]) }
 // problem when it did not (the rules in force then stay).
 func (r *Reloader) LogReloads(l *slog.Logger) func(error) {
 	return func(err error) {
-		cfg := r.Config()
+		cfg := r.Document()
 		if err != nil {
 			l.Error("sluice: rules not reloaded; the rules in force stay",
 				slog.String("file", cfg.File), slog.String("version", cfg.Version()), slog.Any("error", err))

@@ -96,7 +96,7 @@ func TestReloaderCheck(t *testing.T) {
 
 	writeFile(t, file, fileV2)
 	check(true, "")
-	if n := len(rl.Config().Rules); n != 2 {
+	if n := len(rl.Document().Rules); n != 2 {
 		t.Errorf("%d rules after reload, want 2", n)
 	}
 	// The api rule's counter carried on: 2 of 5 used, now 3.
@@ -112,8 +112,8 @@ func TestReloaderCheck(t *testing.T) {
 	writeFile(t, file, fileBad)
 	check(true, file+`:3: rules[1].limits[0].window: bad duration "5x"`)
 	check(false, "")
-	if n := len(rl.Config().Rules); n != 2 || rl.Config().Rules[1].Limits[0].Window != time.Minute {
-		t.Errorf("rules in force after a bad file: %+v", rl.Config().Rules)
+	if n := len(rl.Document().Rules); n != 2 || rl.Document().Rules[1].Limits[0].Window != time.Minute {
+		t.Errorf("rules in force after a bad file: %+v", rl.Document().Rules)
 	}
 	if code, rem := status(rl, "/api/x"); code != 200 || rem != "1" {
 		t.Errorf("api after a bad file: %d, remaining %s; want 200, 1", code, rem)
@@ -132,12 +132,12 @@ func TestReloaderCheck(t *testing.T) {
 func TestReloaderReload(t *testing.T) {
 	t.Parallel()
 	rl, file := openFile(t, fileV1)
-	before := rl.Config()
+	before := rl.Document()
 	if err := rl.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if rl.Config() == before {
-		t.Error("Reload of an unchanged file kept the old Config")
+	if rl.Document() == before {
+		t.Error("Reload of an unchanged file kept the old Document")
 	}
 	status(rl, "/api/x")
 
@@ -152,7 +152,7 @@ func TestReloaderReload(t *testing.T) {
 	if tried, err := rl.Check(); tried || err != nil {
 		t.Errorf("Check after Reload(bad): %v, %v; the version was already tried", tried, err)
 	}
-	if n := len(rl.Config().Rules); n != 1 {
+	if n := len(rl.Document().Rules); n != 1 {
 		t.Errorf("%d rules in force, want v1's 1", n)
 	}
 
@@ -183,7 +183,7 @@ func TestReloaderRejectsConstructionSettings(t *testing.T) {
 	if want := file + ": headers: changed from legacy to both, which takes a restart: rules not reloaded"; err == nil || err.Error() != want {
 		t.Errorf("Reload: %v, want %s", err, want)
 	}
-	if n := len(rl.Config().Rules); n != 1 {
+	if n := len(rl.Document().Rules); n != 1 {
 		t.Errorf("%d rules in force, want 1", n)
 	}
 	writeFile(t, file, "headers: legacy\n"+fileV2)
@@ -245,7 +245,7 @@ func TestReloaderChangeDetection(t *testing.T) {
 	if tried, err := rl.Check(); !tried || err != nil {
 		t.Errorf("same size and recent time: Check = %v, %v; want a reload", tried, err)
 	}
-	if got := rl.Config().Rules[0].Limits[0].Requests; got != 6 {
+	if got := rl.Document().Rules[0].Limits[0].Requests; got != 6 {
 		t.Errorf("requests %d after reload, want 6", got)
 	}
 
@@ -258,8 +258,8 @@ func TestReloaderChangeDetection(t *testing.T) {
 	if tried, err := rl.Check(); tried || err != nil {
 		t.Errorf("old time and same size: Check = %v, %v; want the stat trusted", tried, err)
 	}
-	if err := rl.Reload(); err != nil || rl.Config().Rules[0].Limits[0].Requests != 5 {
-		t.Errorf("Reload: %v, requests %d", err, rl.Config().Rules[0].Limits[0].Requests)
+	if err := rl.Reload(); err != nil || rl.Document().Rules[0].Limits[0].Requests != 5 {
+		t.Errorf("Reload: %v, requests %d", err, rl.Document().Rules[0].Limits[0].Requests)
 	}
 }
 
@@ -275,14 +275,14 @@ func TestNewReloader(t *testing.T) {
 	}
 	lim, _ := limiter(t, cfg)
 	rl := config.NewReloader(lim, cfg, config.Env{})
-	if rl.Limiter() != lim || rl.Config() != cfg {
-		t.Error("NewReloader does not report its Limiter and Config")
+	if rl.Limiter() != lim || rl.Document() != cfg {
+		t.Error("NewReloader does not report its Limiter and Document")
 	}
 	if tried, err := rl.Check(); tried || err != nil {
 		t.Errorf("Check of the file cfg came from: %v, %v", tried, err)
 	}
 	writeFile(t, file, fileV2)
-	if tried, err := rl.Check(); !tried || err != nil || len(rl.Config().Rules) != 2 {
+	if tried, err := rl.Check(); !tried || err != nil || len(rl.Document().Rules) != 2 {
 		t.Errorf("Check of a new version: %v, %v", tried, err)
 	}
 }
@@ -315,7 +315,7 @@ func TestWatch(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Errorf("Watch: %v", err)
 	}
-	if n := len(rl.Config().Rules); n != 2 {
+	if n := len(rl.Document().Rules); n != 2 {
 		t.Errorf("%d rules after Watch reloaded, want 2", n)
 	}
 	cancel()
@@ -431,7 +431,7 @@ func TestLogReloads(t *testing.T) {
 	rl, file := openFile(t, fileV1)
 	var buf bytes.Buffer
 	log := rl.LogReloads(slog.New(slog.NewTextHandler(&buf, nil)))
-	v1 := rl.Config().Version()
+	v1 := rl.Document().Version()
 	if len(v1) != 12 {
 		t.Fatalf("Version %q", v1)
 	}

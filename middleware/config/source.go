@@ -152,7 +152,7 @@ func (o *SourceOptions) backoff(interval time.Duration, failures int) time.Durat
 type Status struct {
 	// Source is the source's Name.
 	Source string
-	// Version is the Config.Version of the rules in force.
+	// Version is the Document.Version of the rules in force.
 	Version string
 	// SourceVersion is the version the source gave the last document it
 	// returned (an ETag, a Redis version), loaded or not; "" if none.
@@ -195,7 +195,7 @@ type srcState struct {
 // returns a Reloader that keeps the Limiter's rules in step with the
 // source: Watch polls it (and listens for its announcements if it is a
 // Notifier), Reload and Check read it on request. opts are added to the
-// document's own options (Config.Options) and win over them. Close the
+// document's own options (Document.Options) and win over them. Close the
 // Limiter when done with it.
 //
 // When the source cannot be read at start, or holds a document that does
@@ -218,7 +218,7 @@ func OpenSource(ctx context.Context, src Source, env Env, so SourceOptions, opts
 	lctx, cancel := context.WithTimeout(ctx, so.timeout())
 	data, version, err := src.Load(lctx)
 	cancel()
-	var cfg *Config
+	var cfg *Document
 	var seen [sha256.Size]byte
 	if err != nil {
 		err = sourceError(src, err)
@@ -282,7 +282,7 @@ func sourceError(src Source, err error) error {
 // Status never waits for a read of the source in progress.
 func (r *Reloader) Status() Status {
 	if r.src == nil {
-		return Status{Source: r.path, Version: r.Config().Version()}
+		return Status{Source: r.path, Version: r.Document().Version()}
 	}
 	return *r.snapshot.Load()
 }
@@ -290,7 +290,7 @@ func (r *Reloader) Status() Status {
 // currentStatus returns the status; r.mu is held.
 func (r *Reloader) currentStatus() Status {
 	s := r.status
-	s.Version = r.Config().Version()
+	s.Version = r.Document().Version()
 	s.Err = r.fetchErr
 	if s.Err == nil {
 		s.Err = r.docErr

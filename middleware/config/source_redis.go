@@ -113,7 +113,7 @@ return 1
 // with env, which should be the app servers'), then stores it at key and
 // announces it to every RedisSource of key, atomically. A document that
 // does not load is not stored, and PublishRedis returns Parse's error. It
-// returns the version stored: the document's Config.Version.
+// returns the version stored: its Document.Version.
 func PublishRedis(ctx context.Context, client redis.Scripter, key string, data []byte, env Env) (string, error) {
 	if key == "" {
 		return "", errors.New("config: PublishRedis: empty key")

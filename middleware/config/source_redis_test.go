@@ -71,7 +71,7 @@ func TestRedisSourcePubSub(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, rl := range rls {
-		took, ok := waitFor(time.Second, func() bool { return rl.Config().Version() == version })
+		took, ok := waitFor(time.Second, func() bool { return rl.Document().Version() == version })
 		if !ok {
 			t.Fatalf("server %d: new rules not in force after %v", i, took)
 		}
@@ -114,7 +114,7 @@ func TestRedisSourcePubSub(t *testing.T) {
 	}
 	go poller.Watch(ctx, 0, nil)
 	client.HSet(ctx, key+"-2", "doc", rulesDoc(5), "version", "quiet")
-	if took, ok := waitFor(time.Second, func() bool { return poller.Config().Rules[0].Limits[0].Requests == 5 }); !ok || took > 300*time.Millisecond {
+	if took, ok := waitFor(time.Second, func() bool { return poller.Document().Rules[0].Limits[0].Requests == 5 }); !ok || took > 300*time.Millisecond {
 		t.Errorf("unannounced change in force after %v (%v), want within the 100 ms poll interval", took, ok)
 	}
 }

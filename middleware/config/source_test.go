@@ -149,7 +149,7 @@ func TestHTTPSourceReachesThreeLimiters(t *testing.T) {
 	s.set(rulesDoc(3), "")
 	changed := time.Now()
 	for i, rl := range rls {
-		for rl.Config().Rules[0].Limits[0].Requests != 3 {
+		for rl.Document().Rules[0].Limits[0].Requests != 3 {
 			// One interval, its jitter (10%), and time for the request.
 			if time.Since(changed) > interval+interval/10+150*time.Millisecond {
 				t.Fatalf("server %d: change not in force after %v", i, time.Since(changed))
@@ -160,7 +160,7 @@ func TestHTTPSourceReachesThreeLimiters(t *testing.T) {
 			t.Errorf("server %d: %d admitted, want 3", i, got)
 		}
 		st := rl.Status()
-		if st.Err != nil || st.Version != rl.Config().Version() || st.SourceVersion == "" || st.LoadedAt.Before(changed) {
+		if st.Err != nil || st.Version != rl.Document().Version() || st.SourceVersion == "" || st.LoadedAt.Before(changed) {
 			t.Errorf("server %d: status %+v", i, st)
 		}
 	}
@@ -182,7 +182,7 @@ func TestHTTPSourceFailuresKeepRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := rl.Config().Version()
+	good := rl.Document().Version()
 	url := s.srv.URL + "/rules.yaml"
 	i := 0
 	for _, tc := range []struct {
@@ -200,7 +200,7 @@ func TestHTTPSourceFailuresKeepRules(t *testing.T) {
 		if !tried || err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), url) {
 			t.Errorf("%s: Check() = %v, %v; want an error with %q and the URL", tc.mode, tried, err, tc.want)
 		}
-		if v := rl.Config().Version(); v != good {
+		if v := rl.Document().Version(); v != good {
 			t.Errorf("%s: version %s in force, want %s", tc.mode, v, good)
 		}
 		if got := admitted(rl.Limiter(), 3, "192.0.2."+fmt.Sprint(i)); got != 2 {
@@ -252,8 +252,8 @@ func TestHTTPSourceStartup(t *testing.T) {
 			t.Fatalf("%s: %v", mode, err)
 		}
 		st := rl.Status()
-		if !st.FromCache || st.Err == nil || rl.Config().File != cache {
-			t.Errorf("%s: status %+v, file %s", mode, st, rl.Config().File)
+		if !st.FromCache || st.Err == nil || rl.Document().File != cache {
+			t.Errorf("%s: status %+v, file %s", mode, st, rl.Document().File)
 		}
 		if got := admitted(rl.Limiter(), 3, "192.0.2.1"); got != 2 {
 			t.Errorf("%s: %d admitted, want 2", mode, got)
@@ -263,7 +263,7 @@ func TestHTTPSourceStartup(t *testing.T) {
 		if tried, err := rl.Check(); !tried || err != nil {
 			t.Fatalf("%s: back: Check() = %v, %v", mode, tried, err)
 		}
-		if st := rl.Status(); st.FromCache || st.Err != nil || rl.Config().Rules[0].Limits[0].Requests != 3 {
+		if st := rl.Status(); st.FromCache || st.Err != nil || rl.Document().Rules[0].Limits[0].Requests != 3 {
 			t.Errorf("%s: back: status %+v", mode, st)
 		}
 		s.set(rulesDoc(2), "") // what the cache held, for the next round

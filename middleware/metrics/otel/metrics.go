@@ -39,6 +39,13 @@
 //	sluice.rules.reloads           Int64Counter                  {reload}   result         sluice_rules_reloads_total
 //	sluice.rules.source.failures   Int64Gauge                    {read}                    sluice_rules_source_failures
 //	sluice.rules.source.last_load  Float64Gauge                  s                         sluice_rules_source_last_load_seconds
+//	sluice.adaptive.limit          Int64Gauge                    {request}  rule           sluice_adaptive_limit
+//	sluice.spare_capacity          Float64Gauge                  1          rule           sluice_spare_capacity
+//	sluice.elastic.limit           Int64Gauge                    {request}  rule, policy   sluice_elastic_limit
+//	sluice.shed                    Int64Counter                  {request}  rule, priority sluice_shed_total
+//	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
+//	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
+//	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -113,6 +120,13 @@ var MetricNames = []string{
 	RulesReloads,
 	RulesSourceFailures,
 	RulesSourceLastLoad,
+	AdaptiveLimit,
+	SpareCapacity,
+	ElasticLimit,
+	Shed,
+	BansStarted,
+	Bans,
+	Overrides,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -220,13 +234,15 @@ type Metrics struct {
 	servers      map[string]bool // by attribute value; true when up
 	watchMu      sync.Mutex
 	watched      map[*watch]struct{}
+
+	capacity capacityInstruments // capacity.go
+	clients  clientInstruments   // clients.go
 }
 
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
+	_ middleware.Observer = (*Metrics)(nil)
 )
 
 // New returns a Metrics that records through a Meter of mp named
@@ -312,6 +328,8 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.slots, err = meter.Int64ObservableUpDownCounter(ConcurrencySlotsHeld, metric.WithUnit("{slot}"),
 		metric.WithDescription("Requests holding concurrency slots."))
 	check(err)
+	check(m.initCapacity(meter))
+	check(m.initClients(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}
@@ -418,7 +436,7 @@ func (m *Metrics) Decided(r keyfunc.Request, res *middleware.Result) {
 	attrs = append(attrs,
 		attribute.String("sluice.rule", res.Rule),
 		attribute.String("sluice.outcome", res.Outcome.String()))
-	if res.Limited || res.Concurrency {
+	if res.Applied || res.Concurrency {
 		attrs = append(attrs,
 			attribute.String("sluice.policy", res.Policy),
 			attribute.Int("sluice.remaining", res.Remaining))
@@ -441,8 +459,12 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // StoreBatch records the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) {
 	m.batchSize.Record(context.Background(), int64(n), m.baseRecord...)
 }

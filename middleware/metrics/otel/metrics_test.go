@@ -256,7 +256,7 @@ func TestDenyCacheHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(remoteStore{mem}), middleware.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
@@ -349,6 +349,11 @@ func TestMetricNames(t *testing.T) {
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	m.StoreBatch(3)
 	m.ObserveSourceStatus(config.Status{Failures: 1, LoadedAt: time.Now()})
+	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
+	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
+	m.Shed("api", middleware.PrioritySheddable)
+	m.BanStarted("api", time.Hour)
+	m.ClientState(1, 2)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

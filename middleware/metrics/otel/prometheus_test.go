@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -33,6 +34,9 @@ var prometheusMetrics = map[string]struct {
 	"sluice_queue_waiting":               {dto.MetricType_GAUGE, nil},
 	"sluice_concurrency_slots_held":      {dto.MetricType_GAUGE, nil},
 	"sluice_rules_reloads_total":         {dto.MetricType_COUNTER, []string{"result"}},
+	"sluice_bans_total":                  {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_bans_in_force":               {dto.MetricType_GAUGE, nil},
+	"sluice_overrides_in_force":          {dto.MetricType_GAUGE, nil},
 }
 
 // TestPrometheusNames: exported through OpenTelemetry's Prometheus
@@ -61,6 +65,8 @@ func TestPrometheusNames(t *testing.T) {
 	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+	m.BanStarted("api", time.Hour)
+	m.ClientState(1, 2)
 
 	mfs, err := reg.Gather()
 	if err != nil {

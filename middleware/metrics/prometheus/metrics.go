@@ -29,6 +29,13 @@
 //	sluice_rules_reloads_total{result}     counter    rules reloads, "ok" or "error"
 //	sluice_rules_source_failures           gauge      reads of the rules source failed in a row
 //	sluice_rules_source_last_load_seconds  gauge      Unix time of the last good load from the source
+//	sluice_adaptive_limit{rule}            gauge      adaptive concurrency limit in force
+//	sluice_spare_capacity{rule}            gauge      spare capacity, 0 to 1 (rule="" for elastic limits' signal)
+//	sluice_elastic_limit{rule,policy}      gauge      limit in force of an elastic limit
+//	sluice_shed_total{rule,priority}       counter    requests refused by an adaptive concurrency limit
+//	sluice_bans_total{rule}                counter    clients banned by a limit with a ban
+//	sluice_bans_in_force                   gauge      bans in force (the fleet's, with Redis)
+//	sluice_overrides_in_force              gauge      per-client overrides in force (the fleet's, with Redis)
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -90,6 +97,13 @@ var MetricNames = []string{
 	RulesReloadsTotal,
 	RulesSourceFailures,
 	RulesSourceLastLoad,
+	AdaptiveLimit,
+	SpareCapacity,
+	ElasticLimit,
+	ShedTotal,
+	BansTotal,
+	Bans,
+	Overrides,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -181,14 +195,16 @@ type Metrics struct {
 	reloadsDesc                                            *prometheus.Desc
 
 	sourceFailures, sourceLoaded prometheus.Gauge
+
+	capacity capacityMetrics // capacity.go
+	clients  clientMetrics   // clients.go
 }
 
 type watch struct{ lim *middleware.Limiter }
 
 var (
-	_ middleware.Observer      = (*Metrics)(nil)
-	_ middleware.BatchObserver = (*Metrics)(nil)
-	_ prometheus.Collector     = (*Metrics)(nil)
+	_ middleware.Observer  = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
 )
 
 // New returns a Metrics and registers it with reg, unless reg is nil (the
@@ -269,6 +285,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			"Reloads of the rules tried, by result: ok when the new rules are in force, error when the previous ones stay.",
 			[]string{"result"}, cl),
 	}
+	m.capacity = newCapacityMetrics(cl)
+	m.clients = newClientMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -335,6 +353,10 @@ func (m *Metrics) StoreCalled(d time.Duration, err error) {
 	}
 }
 
+// StoreFailed does nothing: the failures of store calls are counted by
+// StoreCalled. It implements middleware.Observer.
+func (m *Metrics) StoreFailed(keyfunc.Request, error) {}
+
 // ObserveSourceStatus sets the rules source's gauges from st: use it as
 // config.SourceOptions.OnStatus (or call it from yours).
 func (m *Metrics) ObserveSourceStatus(st config.Status) {
@@ -345,7 +367,7 @@ func (m *Metrics) ObserveSourceStatus(st config.Status) {
 }
 
 // StoreBatch observes the number of decisions in a batch a Redis store
-// sent. It implements middleware.BatchObserver.
+// sent. It implements middleware.Observer.
 func (m *Metrics) StoreBatch(n int) { m.batchSize.Observe(float64(n)) }
 
 // DenyCacheHit counts a denial by the deny cache under rule. It implements
@@ -397,6 +419,8 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.sourceFailures.Describe(ch)
 	m.sourceLoaded.Describe(ch)
 	m.batchSize.Describe(ch)
+	m.capacity.describe(ch)
+	m.clients.describe(ch)
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -417,6 +441,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.sourceFailures.Collect(ch)
 	m.sourceLoaded.Collect(ch)
 	m.batchSize.Collect(ch)
+	m.capacity.collect(ch)
+	m.clients.collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()

@@ -264,7 +264,7 @@ func TestDenyCacheHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(remoteStore{mem}), middleware.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +298,7 @@ func TestStoreServerUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m))
 	if err != nil {
@@ -335,7 +335,7 @@ func TestStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mem.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { mem.Close() })
 	lim, err := middleware.NewRules([]middleware.Rule{
 		{Name: "api", Path: "/api/*", Key: keyfunc.Header("X-Key"), Limits: []middleware.Limit{middleware.PerMinute(100)}},
 		{Name: "slow", Path: "/slow", Key: keyfunc.Header("X-Key"), Concurrency: 1},
@@ -539,6 +539,11 @@ func TestMetricNames(t *testing.T) {
 	serve(lim.Handler(ok), "/api/a", "alice")
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
+	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
+	m.Shed("api", middleware.PrioritySheddable)
+	m.BanStarted("api", time.Hour)
+	m.ClientState(1, 2)
 
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -627,7 +632,7 @@ func TestStoreBatchSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m))
 	if err != nil {
@@ -658,7 +663,7 @@ func TestRedisStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.(interface{ Close() error }).Close() })
+	t.Cleanup(func() { store.Close() })
 	m, reg := newMetrics(t)
 	lim, err := middleware.NewRules(rules(), middleware.WithStore(store), middleware.WithObserver(m), middleware.WithDenyCache(0))
 	if err != nil {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package headerwrite
+
+const raceEnabled = false

@@ -1,0 +1,131 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+var (
+	//go:embed takeback.lua
+	takeBackSrc    string
+	takeBackScript = redis.NewScript(takeBackSrc)
+)
+
+// TakeAt is Take that also returns the instant the script decided at (the
+// server's clock, TIME, when now is the zero time), which Refund needs.
+func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, time.Time, error) {
+	if !s.detach {
+		allowed, ms, err := s.take(ctx, now, charges, out)
+		return allowed, time.UnixMilli(ms), err
+	}
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	call := &detachedCall{
+		charges: make([]window.Charge, len(charges)),
+		out:     make([]window.Decision, len(out)),
+		done:    make(chan struct{}),
+	}
+	for i, c := range charges {
+		c.Key = strings.Clone(c.Key)
+		call.charges[i] = c
+	}
+	var ms int64
+	go func() {
+		defer close(call.done)
+		call.allowed, ms, call.err = s.take(ctx, now, call.charges, call.out)
+	}()
+	select {
+	case <-call.done:
+		copy(out, call.out)
+		return call.allowed, time.UnixMilli(ms), call.err
+	case <-ctx.Done():
+		return false, time.Time{}, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
+	}
+}
+
+// Refund takes back the costs of charges admitted at at (see TakeAt) with
+// the script takeback.lua, the twin of window.Refund: off a sliding
+// window's count of the window that holds at, a fixed window's count if it
+// is still that window, a token bucket's level. One run per Key (a run
+// touches one Redis Cluster slot). It returns an error, and takes nothing
+// back, if a charge has an invalid Limit, a negative Cost or an algorithm
+// that cannot be refunded (window.Refundable); a run that fails leaves its
+// costs counted, which errs on the side of denying.
+func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charge) error {
+	for i := range charges {
+		c := &charges[i]
+		if err := c.Limit.Validate(); err != nil {
+			return fmt.Errorf("redisstore: charge %d: %w", i, err)
+		}
+		if c.Cost < 0 {
+			return fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		}
+		if !window.Refundable(c.Limit) {
+			return fmt.Errorf("redisstore: charge %d (%q): a %s cannot be refunded", i, c.Name, c.Limit.Algorithm)
+		}
+	}
+	nowMs := at.UnixMilli()
+	if at.IsZero() || nowMs < 0 || nowMs > maxNow {
+		return fmt.Errorf("redisstore: refund at %s: want the instant TakeAt returned", at)
+	}
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	var errs []error
+	for start := 0; start < len(charges); {
+		end := start + 1
+		if s.split {
+			for end < len(charges) && charges[end].Key == charges[start].Key {
+				end++
+			}
+		} else {
+			end = len(charges)
+		}
+		var keys []string
+		args := []any{nowMs}
+		var bucket string
+		for i := start; i < end; i++ {
+			c := &charges[i]
+			if c.Cost == 0 {
+				continue
+			}
+			if i == start || c.Key != charges[i-1].Key {
+				bucket = string(s.appendKey(nil, c.Key))
+			}
+			keys = append(keys, bucket)
+			field := string(appendField(nil, c))
+			l := &c.Limit
+			switch {
+			case l.Algorithm == window.SlidingWindow:
+				args = append(args, field, codeSliding, int64(c.Cost), l.Window.Milliseconds())
+			case l.Algorithm == window.TokenBucket:
+				args = append(args, field, codeToken, int64(c.Cost), l.Window.Milliseconds())
+			default: // a fixed window: the start of the window charged
+				ws, _ := l.Bounds(nowMs)
+				args = append(args, field, codeFixed, int64(c.Cost), ws)
+			}
+		}
+		if len(keys) > 0 {
+			if _, err := s.eval(ctx, takeBackScript, keys, args); err != nil {
+				errs = append(errs, fmt.Errorf("redisstore: take back: %w", err))
+			}
+		}
+		start = end
+	}
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
