@@ -583,7 +583,8 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	var ne net.Error
 	// A read or a context that timed out at directTimeout, not at the
 	// caller's own deadline nor because the caller left.
-	timedOut := (errors.As(err, &ne) && ne.Timeout()) || run.Err() != nil
+	// (A reply read after the deadline passed is a reply all the same.)
+	timedOut := err != nil && ((errors.As(err, &ne) && ne.Timeout()) || run.Err() != nil)
 	stalled := timedOut && bounded && ctx.Err() == nil
 	d.mu.Lock()
 	d.directs--
