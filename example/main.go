@@ -19,7 +19,9 @@
 // good rules for restarts while the service is down;
 // -framework the web framework that serves the routes, each through its
 // sluice adapter, with the same limits and answers; -admin-addr (default
-// 127.0.0.1:9090, loopback only) the listener of the admin handler (rules
+// 127.0.0.1:9090, loopback only, or a free port of 127.0.0.1 when another
+// process listens there, as Prometheus does by default; the address is
+// printed) the listener of the admin handler (rules
 // in force, peek and reset a client's counters), which requires the token
 // of $SLUICE_ADMIN_TOKEN (or a random one printed at start). Logs go to
 // stderr through log/slog.
@@ -138,7 +140,7 @@ func run(args []string) error {
 		return err
 	}
 	if *adminAddr != "" {
-		if err := serveAdmin(ctx, *adminAddr, lim, source); err != nil {
+		if _, err := serveAdmin(ctx, *adminAddr, lim, source); err != nil {
 			return err
 		}
 	}
@@ -217,16 +219,19 @@ var demoEnv = config.Env{
 // serveAdmin serves middleware.AdminHandler on addr (loopback by default),
 // for requests that carry the token of $SLUICE_ADMIN_TOKEN, or of a random
 // one printed at start when it is unset.
-func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, source func() (string, string)) error {
+//
+// It returns the address it listens on: addr, or a free port of addr's
+// host if another process listens on addr (see listenAdmin).
+func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, source func() (string, string)) (string, error) {
 	token := os.Getenv("SLUICE_ADMIN_TOKEN")
 	if token == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])
 		token = hex.EncodeToString(b[:])
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listenAdmin(addr)
 	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
+		return "", err
 	}
 	h := middleware.AdminHandler(lim, middleware.AdminConfig{
 		Authorize: func(r *http.Request) bool {
@@ -237,7 +242,30 @@ func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, sourc
 	fmt.Printf("admin handler on %s (Authorization: Bearer %s):\n  curl -H 'Authorization: Bearer %s' http://%s/rules\n  curl -H 'Authorization: Bearer %s' 'http://%s/limits?rule=site&key=ip:127.0.0.1'\n  curl -X POST -H 'Authorization: Bearer %s' 'http://%s/reset?key=ip:127.0.0.1'\n\n",
 		ln.Addr(), token, token, ln.Addr(), token, ln.Addr(), token, ln.Addr())
 	go func() { _ = serveHTTP(ctx, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln) }()
-	return nil
+	return ln.Addr().String(), nil
+}
+
+// listenAdmin listens on addr or, if something else already listens
+// there (Prometheus's default port is 9090 too, and so is a second
+// example's), on a free port of the same host, saying so on stderr.
+func listenAdmin(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		if err != nil {
+			err = fmt.Errorf("admin listener: %w", err)
+		}
+		return ln, err
+	}
+	host, _, serr := net.SplitHostPort(addr)
+	if serr != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	ln, err2 := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err2 != nil {
+		return nil, fmt.Errorf("admin listener: %w (and on a free port: %v)", err, err2)
+	}
+	log.Printf("admin listener: %s is in use; listening on %s instead (set -admin-addr to choose)", addr, ln.Addr())
+	return ln, nil
 }
 
 func reloadOnHUP(ctx context.Context, rl *config.Reloader, logReload func(error)) {

@@ -614,6 +614,7 @@ func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, o
 			if o := l.cfg.obs; o != nil {
 				o.DenyCacheHit(charges[i].Name)
 			}
+			yieldSometimes()
 			return false, nil
 		}
 	}
