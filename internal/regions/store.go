@@ -95,15 +95,20 @@ type Decision struct {
 type live struct {
 	end      int64 // after it, nobody decides from this window (ms)
 	interval int64 // ms
-	due      int64 // next push (ms)
 	ttl      int64
-	sent     map[string]int64
+	// due is, per peer, the instant of the next push (ms); sent what the
+	// peer acknowledged.
+	due  map[string]int64
+	sent map[string]int64
 }
 
 // peerState is what the syncer knows of a peer.
 type peerState struct {
 	lastOK int64 // ms, local clock
 	down   bool
+	// busy: a push is on its way; lastTry is when the last one began.
+	busy    bool
+	lastTry int64
 }
 
 // Store decides global limits on the region's own Redis and syncs the
@@ -120,6 +125,7 @@ type Store struct {
 	stale []string
 
 	syncMu sync.Mutex
+	pushes sync.WaitGroup
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -222,73 +228,127 @@ func (s *Store) track(k string, c Charge, start, now, ttl int64) {
 	if iv <= 0 {
 		iv = DefaultSyncInterval
 	}
-	s.keys[k] = &live{end: start + c.Window, interval: iv.Milliseconds(), due: now + iv.Milliseconds(), ttl: ttl, sent: map[string]int64{}}
+	l := &live{end: start + c.Window, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
+	for _, p := range s.names {
+		l.due[p] = now + l.interval
+	}
+	s.keys[k] = l
 }
 
-// Sync runs one tick of the syncer at now (Unix ms): it reads the
-// region's own count of each counter window that is due, and writes it
-// to every peer that has not acknowledged that count yet, all peers at
-// once, one pipeline per peer. It returns the first error.
+// Sync runs one tick of the syncer at now (Unix ms) and waits for its
+// pushes: it reads the region's own count of each counter window that is
+// due, and writes it to every peer that has not acknowledged that count
+// yet, all peers at once, one pipeline per peer. It returns the first
+// error.
 func (s *Store) Sync(ctx context.Context, now int64) error {
+	return s.sync(ctx, now, true)
+}
+
+// sync is Sync; without wait, it returns once the pushes are on their
+// way, and a peer whose last push has not answered yet is skipped (its
+// counters stay due), so that a slow or unreachable peer does not delay
+// the others.
+func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	s.mu.Lock()
-	var due []string
+	work := map[string][]string{}
+	var union []string
+	seen := map[string]bool{}
 	for k, l := range s.keys {
 		if now >= l.end {
 			delete(s.keys, k)
+		}
+	}
+	for _, p := range s.names {
+		ps := s.peers[p]
+		if ps.busy {
 			continue
 		}
-		if now >= l.due {
-			due = append(due, k)
-			l.due = now + l.interval
+		var due []string
+		for k, l := range s.keys {
+			if now >= l.due[p] {
+				due = append(due, k)
+				l.due[p] = now + l.interval
+				if !seen[k] {
+					seen[k] = true
+					union = append(union, k)
+				}
+			}
+		}
+		// With nothing to push, a ping every default interval tells
+		// whether the peer is reachable.
+		if len(due) > 0 || now-ps.lastTry >= DefaultSyncInterval.Milliseconds() {
+			ps.busy, ps.lastTry = true, now
+			work[p] = due
 		}
 	}
 	s.mu.Unlock()
 
-	own := make([]int64, len(due))
-	if len(due) > 0 {
-		cmds := make([]*redis.StringCmd, len(due))
+	own := map[string]int64{}
+	if len(union) > 0 {
+		cmds := make([]*redis.StringCmd, len(union))
 		_, err := s.cfg.Local.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, k := range due {
+			for i, k := range union {
 				cmds[i] = p.HGet(ctx, k, s.cfg.Region)
 			}
 			return nil
 		})
 		if err != nil && !errors.Is(err, redis.Nil) {
+			s.mu.Lock()
+			for p := range work {
+				s.peers[p].busy = false
+			}
+			s.mu.Unlock()
 			return err
 		}
 		for i, c := range cmds {
-			own[i], _ = c.Int64()
+			own[union[i]], _ = c.Int64()
 		}
 	}
 
-	errs := make([]error, len(s.names))
+	errs := make(chan error, len(work))
 	var wg sync.WaitGroup
-	for i, p := range s.names {
+	for p, due := range work {
 		wg.Add(1)
+		s.pushes.Add(1)
 		go func() {
+			defer s.pushes.Done()
 			defer wg.Done()
-			errs[i] = s.push(ctx, now, p, due, own)
+			err := s.push(context.WithoutCancel(ctx), now, p, due, own)
+			s.mu.Lock()
+			s.peers[p].busy = false
+			s.stale = s.staleLocked()
+			s.mu.Unlock()
+			errs <- err
 		}()
 	}
+	if !wait {
+		return nil
+	}
 	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
 
-	s.mu.Lock()
+// staleLocked returns the peers that count as their share.
+func (s *Store) staleLocked() []string {
 	var stale []string
 	for _, p := range s.names {
-		if ps := s.peers[p]; ps.down {
+		if s.peers[p].down {
 			stale = append(stale, p)
 		}
 	}
-	s.stale = stale
-	s.mu.Unlock()
-	return errors.Join(errs...)
+	return stale
 }
 
 // push writes the counts of due not yet acknowledged by peer p, or pings
 // it when there are none, and updates what is known of p.
-func (s *Store) push(ctx context.Context, now int64, p string, due []string, own []int64) error {
+func (s *Store) push(ctx context.Context, now int64, p string, due []string, own map[string]int64) error {
 	type item struct {
 		k string
 		n int64
@@ -296,9 +356,9 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 	var items []item
 	ttls := make([]int64, 0, len(due))
 	s.mu.Lock()
-	for i, k := range due {
-		if l := s.keys[k]; l != nil && own[i] > l.sent[p] {
-			items = append(items, item{k, own[i]})
+	for _, k := range due {
+		if l := s.keys[k]; l != nil && own[k] > l.sent[p] {
+			items = append(items, item{k, own[k]})
 			ttls = append(ttls, l.ttl)
 		}
 	}
@@ -390,18 +450,19 @@ func (s *Store) Run(tick time.Duration, clock func() int64) {
 			case <-s.stop:
 				return
 			case <-t.C:
-				_ = s.Sync(context.Background(), clock())
+				_ = s.sync(context.Background(), clock(), false)
 			}
 		}
 	}()
 }
 
-// Close stops the syncer started by Run.
+// Close stops the syncer started by Run and waits for its pushes.
 func (s *Store) Close() {
 	s.once.Do(func() {
 		if s.stop != nil {
 			close(s.stop)
 			<-s.done
 		}
+		s.pushes.Wait()
 	})
 }
