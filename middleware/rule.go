@@ -152,6 +152,8 @@ type Rule struct {
 	Lease int
 	// SyncInterval is, for SyncWriteBack, how often deltas are pushed and,
 	// for SyncLease, how long a slice lives; 0 means DefaultSyncInterval.
+	// For ScopeGlobal, it is how often the region's counts are written to
+	// the peer regions; 0 means DefaultRegionSyncInterval.
 	SyncInterval time.Duration
 	// MaxUnsynced is, for SyncWriteBack, how many units one app server
 	// may count on one counter before it pushes them at once and waits
