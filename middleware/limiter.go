@@ -35,6 +35,9 @@ type Limiter struct {
 	// ov holds the capacity signals (adaptive.go, elastic.go).
 	ov        overload
 	closeOnce sync.Once
+	// syncs is the coordination layer of lease and write-back rules
+	// (sync.go).
+	syncs syncLayer
 }
 
 type ruleSet struct {
@@ -104,6 +107,9 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	if err := l.bindSync(set); err != nil {
+		return err
+	}
 	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
@@ -149,6 +155,7 @@ func (l *Limiter) Close() error {
 		l.stopRenewer()
 		l.stopFleet()
 		l.stopClientSync()
+		l.stopSync()
 		err = l.cfg.release()
 	})
 	return err
