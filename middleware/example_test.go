@@ -205,3 +205,59 @@ func ExampleNewMemoryStore() {
 	// api 99
 	// admin 98
 }
+
+// A store's own events reach an Observer added to it directly, for code
+// that uses the store without a Limiter (a Limiter adds its Observers to
+// its store itself).
+func ExampleRedisStore_AddObserver() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer client.Close()
+	store, err := middleware.NewRedisStore(client, middleware.RedisConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	remove := store.AddObserver(&middleware.Hooks{OnStoreHealth: func(e middleware.HealthEvent) {
+		log.Printf("redis %s up=%v: %v", e.Server, e.Up, e.Cause)
+	}})
+	defer remove()
+}
+
+// countingStore counts the decisions of the store it wraps. Embedding
+// *middleware.MemoryStore forwards the interfaces a Limiter looks for
+// (SlotStore, TraitsReporter and the others), so the Limiter uses the
+// wrapper as it would the MemoryStore itself.
+type countingStore struct {
+	*middleware.MemoryStore
+	takes int
+}
+
+func (s *countingStore) Take(ctx context.Context, now time.Time, charges []middleware.Charge, out []middleware.Decision) (bool, error) {
+	s.takes++
+	return s.MemoryStore.Take(ctx, now, charges, out)
+}
+
+// A store that wraps another keeps the Limiter's behaviour when it forwards
+// the optional interfaces: here the in-memory store's traits, so that no
+// deny cache answers for it and every request reaches it.
+func Example_wrappedStore() {
+	mem, err := middleware.NewMemoryStore(middleware.MemoryConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mem.Close()
+	store := &countingStore{MemoryStore: mem}
+	lim, err := middleware.New(middleware.PerMinute(2), keyfunc.RemoteIP(), middleware.WithStore(store),
+		middleware.WithClock(func() time.Time { return time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	for range 4 {
+		if _, err := lim.Decide(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil))); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println(store.takes, store.StoreTraits().Local)
+	// Output: 4 true
+}

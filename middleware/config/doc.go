@@ -44,6 +44,12 @@
 //
 //	rules.yaml:7: rules[1].limits[0].window: bad duration "5x"
 //
+// Parsed with Env.RateLimitService, a descriptor file is that of a rate
+// limit service (the module adapters/envoyrls serves it over Envoy's gRPC
+// API): any descriptor key is accepted, and its rules match the
+// descriptors of a DescriptorRequest, entry by entry, as the Envoy service
+// matches them, never an HTTP request.
+//
 // [docs/rules.md]: https://github.com/sluicehq/sluice/blob/main/docs/rules.md
 // [docs/rules-sources.md]: https://github.com/sluicehq/sluice/blob/main/docs/rules-sources.md
 package config
