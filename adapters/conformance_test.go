@@ -51,6 +51,23 @@ type want struct {
 	status int
 	rl     *rl
 	body   string
+	plain  bool // the route's own answer although not a 200
+}
+
+// answer is the route's own answer with status and the rate-limit fields
+// of an allowed request (see allow).
+func answer(status int, p pol, remaining, reset, next int) want {
+	w := allow(p, remaining, reset, next)
+	w.status, w.plain = status, true
+	return w
+}
+
+// recovered is the answer of a handler that panicked, with the fields of
+// an allowed request.
+func recovered(p pol, remaining, reset, next int) want {
+	w := answer(http.StatusInternalServerError, p, remaining, reset, next)
+	w.body = panicBody
+	return w
 }
 
 // rl are the expected rate-limit fields.
@@ -120,6 +137,15 @@ func rule(n int, key func(t *testing.T) keyfunc.Func) func(t *testing.T) []middl
 func limitRule(l middleware.Limit) func(t *testing.T) []middleware.Rule {
 	return func(*testing.T) []middleware.Rule {
 		return []middleware.Rule{{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{l}}}
+	}
+}
+
+// countRule returns the rules of a scenario with one rule, named
+// "default", of n requests per minute per peer address, counting only the
+// responses count matches.
+func countRule(n int, count middleware.Count) func(t *testing.T) []middleware.Rule {
+	return func(*testing.T) []middleware.Rule {
+		return []middleware.Rule{{Name: "default", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(n)}, Count: count}}
 	}
 }
 
@@ -497,6 +523,40 @@ func scenarios() []scenario {
 			steps: []step{get("/hello").wants(storeDown), get("/hello").wants(storeDown)},
 		},
 		{
+			// Only failed logins count: successes are charged while in
+			// flight (their headers say so) and given back.
+			name:  "count/failures",
+			rules: countRule(2, middleware.Count{Status: []middleware.Status{401, 403}}),
+			steps: []step{
+				post("/status/200").wants(answer(200, p2, 1, 120, 120)),
+				post("/status/302").wants(answer(302, p2, 1, 120, 120)),
+				post("/status/401").wants(answer(401, p2, 1, 120, 120)),
+				post("/status/200").wants(answer(200, p2, 0, 120, 90)),
+				post("/status/403").wants(answer(403, p2, 0, 120, 90)),
+				post("/status/200").wants(deny(p2, 0, 120, 90, 90)),
+			},
+		},
+		{
+			// A handler that panics counts as 500: an error.
+			name:  "count/panic-is-500",
+			rules: countRule(1, middleware.Count{Status: []middleware.Status{middleware.Status5xx}}),
+			steps: []step{
+				get("/status/404").wants(answer(404, p1, 0, 120, 120)),
+				get("/panic").wants(recovered(p1, 0, 120, 120)),
+				get("/status/200").wants(deny(p1, 0, 120, 120, 120)),
+			},
+		},
+		{
+			// And is no failed login.
+			name:  "count/panic-not-401",
+			rules: countRule(1, middleware.Count{Status: []middleware.Status{401}}),
+			steps: []step{
+				get("/panic").wants(recovered(p1, 0, 120, 120)),
+				get("/status/401").wants(answer(401, p1, 0, 120, 120)),
+				get("/status/200").wants(deny(p1, 0, 120, 120, 120)),
+			},
+		},
+		{
 			// A local fallback decides while the store fails.
 			name:  "store-error/fail-local",
 			rules: rule(1, fixed(keyfunc.RemoteIP())),
@@ -537,7 +597,7 @@ func (r response) String() string {
 // expect builds the response w stands for under style.
 func expect(w want, style headers.Style) response {
 	r := response{Status: w.status, Header: http.Header{}, Body: w.body}
-	if w.status == http.StatusOK {
+	if w.status == http.StatusOK || w.plain {
 		r.Header["Content-Type"] = []string{okContentType}
 	} else {
 		r.Header["Content-Type"] = []string{middleware.ContentTypeJSON}

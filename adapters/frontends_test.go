@@ -3,9 +3,11 @@ package adapters_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,8 +22,23 @@ import (
 )
 
 // routes are the patterns every front end serves, in net/http syntax; each
-// answers GET and POST with okBody.
-var routes = []string{"/hello", "/users/{id}", "/search", "/health"}
+// answers GET and POST with okBody, /status/{code} with that status, and
+// /panic panics: each front end then answers 500 with panicBody, from a
+// recovery middleware in front of everything.
+var routes = []string{"/hello", "/users/{id}", "/search", "/health", "/status/{code}", "/panic"}
+
+// statusOf returns the status a route answers: the code of /status/{code},
+// else 200.
+func statusOf(path string) int {
+	if s, ok := strings.CutPrefix(path, "/status/"); ok {
+		if n, err := strconv.Atoi(s); err == nil && n >= 200 && n <= 599 {
+			return n
+		}
+	}
+	return http.StatusOK
+}
+
+const panicBody = "recovered\n"
 
 // skipPath is the path a scenario with skip set exempts through each front
 // end's own skip hook (WithSkip for net/http).
@@ -72,7 +89,11 @@ func serveHTTP(t *testing.T, newLimiter func(...middleware.Option) *middleware.L
 	}
 	lim := newLimiter(opts...)
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			panic("handler failed")
+		}
 		w.Header().Set("Content-Type", okContentType)
+		w.WriteHeader(statusOf(r.URL.Path))
 		_, _ = w.Write([]byte(okBody))
 	})
 	auth := func(next http.Handler) http.Handler {
@@ -87,7 +108,17 @@ func serveHTTP(t *testing.T, newLimiter func(...middleware.Option) *middleware.L
 	for _, p := range routes {
 		mux.Handle(p, auth(lim.Handler(ok)))
 	}
-	srv := httptest.NewServer(mux)
+	recovery := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if recover() != nil {
+				w.Header().Set("Content-Type", okContentType)
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte(panicBody))
+			}
+		}()
+		mux.ServeHTTP(w, r)
+	})
+	srv := httptest.NewServer(recovery)
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -103,8 +134,16 @@ func serveGin(t *testing.T, newLimiter func(...middleware.Option) *middleware.Li
 			c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), userKey{}, u))
 		}
 	}
-	ok := func(c *gin.Context) { c.Data(http.StatusOK, okContentType, []byte(okBody)) }
+	ok := func(c *gin.Context) {
+		if c.Request.URL.Path == "/panic" {
+			panic("handler failed")
+		}
+		c.Data(statusOf(c.Request.URL.Path), okContentType, []byte(okBody))
+	}
 	r := gin.New()
+	r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) {
+		c.Data(http.StatusInternalServerError, okContentType, []byte(panicBody))
+	}))
 	for _, p := range routes {
 		r.GET(colonPattern(p), auth, limit, ok)
 		r.POST(colonPattern(p), auth, limit, ok)
@@ -129,8 +168,23 @@ func serveEcho(t *testing.T, newLimiter func(...middleware.Option) *middleware.L
 			return next(c)
 		}
 	}
-	ok := func(c echo.Context) error { return c.Blob(http.StatusOK, okContentType, []byte(okBody)) }
+	ok := func(c echo.Context) error {
+		if c.Request().URL.Path == "/panic" {
+			panic("handler failed")
+		}
+		return c.Blob(statusOf(c.Request().URL.Path), okContentType, []byte(okBody))
+	}
 	e := echo.New()
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) (err error) {
+			defer func() {
+				if recover() != nil {
+					err = c.Blob(http.StatusInternalServerError, okContentType, []byte(panicBody))
+				}
+			}()
+			return next(c)
+		}
+	})
 	for _, p := range routes {
 		e.Match([]string{http.MethodGet, http.MethodPost}, colonPattern(p), ok, auth, limit)
 	}
@@ -153,10 +207,22 @@ func serveFiber(t *testing.T, newLimiter func(...middleware.Option) *middleware.
 		return c.Next()
 	}
 	ok := func(c *fiber.Ctx) error {
+		if c.Path() == "/panic" {
+			panic("handler failed")
+		}
 		c.Set(fiber.HeaderContentType, okContentType)
-		return c.SendString(okBody)
+		return c.Status(statusOf(c.Path())).SendString(okBody)
 	}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(func(c *fiber.Ctx) (err error) {
+		defer func() {
+			if recover() != nil {
+				c.Set(fiber.HeaderContentType, okContentType)
+				err = c.Status(http.StatusInternalServerError).SendString(panicBody)
+			}
+		}()
+		return c.Next()
+	})
 	for _, p := range routes {
 		app.Add(http.MethodGet, colonPattern(p), auth, limit, ok)
 		app.Add(http.MethodPost, colonPattern(p), auth, limit, ok)

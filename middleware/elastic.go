@@ -242,7 +242,7 @@ func (l *Limiter) elasticLimits(s *scratch, base int, nominal []Limit, names []s
 // counter, and when the only charges denied are elastic ones with
 // headroom open, again with those charged to their headroom's counters.
 func (l *Limiter) takeElastic(ctx context.Context, now time.Time, s *scratch) (bool, error) {
-	allowed, err := l.take(ctx, now, s.charges, s.decisions)
+	allowed, err := l.takeAt(ctx, now, s.charges, s.decisions, s.atp)
 	if err != nil || allowed || len(s.elastic) == 0 {
 		return allowed, err
 	}

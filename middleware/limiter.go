@@ -30,13 +30,23 @@ type Limiter struct {
 	waiting atomic.Int64
 	// unmatched is the UnmatchedPolicy in force.
 	unmatched atomic.Uint32
+	// clients holds bans and per-client overrides (ban.go, override.go).
+	clients clientState
 	// ov holds the capacity signals (adaptive.go, elastic.go).
 	ov        overload
 	closeOnce sync.Once
+	// syncs is the coordination layer of lease and write-back rules
+	// (sync.go).
+	syncs syncLayer
 }
 
 type ruleSet struct {
 	rules []*compiledRule
+	// counting are the rules that count by outcome (Rule.Count).
+	counting countingRules
+	// banning is set when a limit has a Ban (or a rule a LimitsFunc, whose
+	// limits may).
+	banning bool
 	// overload reports that a rule has AdaptiveConcurrency.
 	overload bool
 }
@@ -72,6 +82,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		l.cfg.release()
 		return nil, err
 	}
+	l.startClientSync()
 	return l, nil
 }
 
@@ -84,12 +95,20 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err != nil {
 		return err
 	}
+	if set.counting != nil {
+		if err := l.checkRefunder(set); err != nil {
+			return err
+		}
+	}
 	if l.cfg.slots == nil {
 		for _, r := range set.rules {
 			if r.Concurrency > 0 {
 				return fmt.Errorf("sluice: rule %q: concurrency needs a store that can hold slots (a SlotStore, such as the memory and Redis stores); %T cannot", r.Name, l.cfg.store)
 			}
 		}
+	}
+	if err := l.bindSync(set); err != nil {
+		return err
 	}
 	l.bindOverload(set)
 	l.rules.Store(set)
@@ -113,6 +132,8 @@ func compileRules(rules []Rule) (*ruleSet, error) {
 		seen[r.Name] = true
 		set.rules = append(set.rules, c)
 	}
+	set.counting = counting(set.rules)
+	set.banning = banning(set.rules)
 	return set, nil
 }
 
@@ -133,6 +154,8 @@ func (l *Limiter) Close() error {
 	l.closeOnce.Do(func() {
 		l.stopRenewer()
 		l.stopFleet()
+		l.stopClientSync()
+		l.stopSync()
 		err = l.cfg.release()
 	})
 	return err
@@ -208,8 +231,8 @@ type Result struct {
 	Allowed bool
 	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
-	// policy is to fail open) the other fields are zero and no rate-limit
-	// headers are sent.
+	// policy is to fail open) the fields of the binding limit (Policy to
+	// Cost) are zero and no rate-limit headers are sent.
 	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
@@ -261,6 +284,9 @@ type Result struct {
 	// Delay is how long an admitted request waited for its turn in a
 	// leaky bucket's queue (LeakyBucket) before Decide returned.
 	Delay time.Duration
+	// Banned reports that the request was denied because its client is
+	// banned (Limit.Ban): RetryAfter is the time left of the ban.
+	Banned bool
 	// Shed reports that an adaptive concurrency limit refused the request
 	// (Rule.AdaptiveConcurrency); Concurrency is set too, and Limit is the
 	// threshold of the request's Priority.
@@ -273,10 +299,11 @@ type Result struct {
 	Elastic bool
 
 	policies string
-	status   int    // the status of a concurrency denial, 0 for 429
-	hold     *hold  // concurrency slots to give back (Done)
-	key      string // the binding limit's key, for hashed logs
-	blocked  bool   // denied by a Deny rule
+	status   int         // the status of a concurrency denial, 0 for 429
+	hold     *hold       // concurrency slots to give back (Done)
+	settle   *settlement // charges to give back if the response does not count (Finish)
+	key      string      // the binding limit's key, for hashed logs
+	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
 	prepared *headerwrite.Prepared
 }
@@ -344,6 +371,12 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	var now time.Time
 	if l.cfg.clock != nil {
 		now = l.cfg.clock()
+	}
+	s.counting, s.banning = set.counting, set.banning || l.clients.overrides.n.Load() > 0
+	if s.banning && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Banned, res.Outcome = true, OutcomeDenied
+		return nil
 	}
 	res.Allowed = true // res is zero
 	var d decision
@@ -463,8 +496,14 @@ func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Reques
 // open, or could not be decided: err).
 func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
 	s.decisions = grow(s.decisions, len(s.charges))
+	if s.counting != nil {
+		s.atp = &s.at
+	}
 	allowed, err := l.takeElastic(ctx, now, s)
 	if err == nil {
+		if !allowed && s.banning && !l.cfg.shadow {
+			res.Banned = l.startBans(ctx, now, r, s)
+		}
 		s.result(res, allowed, s.charges, s.decisions, s.metas)
 		return false, nil
 	}
@@ -524,6 +563,9 @@ func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	}
 	if res.Allowed {
 		res.hold = d.hold
+		if s.counting != nil && !s.at.IsZero() {
+			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges)
+		}
 	} else {
 		d.hold.releaseNow()
 	}
@@ -539,7 +581,17 @@ func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	}
 }
 
+// take asks the store to decide charges at now. takeAt is take for
+// charges that include some of rules that count by outcome: *at is set to the
+// instant the store admitted them at (zero if it did not), and denials are
+// not remembered by the deny cache, since the charges of requests in
+// flight may yet be given back.
 func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return l.takeAt(ctx, now, charges, out, nil)
+}
+
+// takeAt is take that, when at is not nil, also sets *at (see take).
+func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
 	dc := l.cfg.denyCache
 	var local time.Time
 	if dc != nil {
@@ -559,6 +611,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 			if o := l.cfg.obs; o != nil {
 				o.DenyCacheHit(charges[i].Name)
 			}
+			yieldSometimes()
 			return false, nil
 		}
 	}
@@ -571,11 +624,11 @@ func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out
 	if o != nil {
 		began = time.Now()
 	}
-	ok, err := l.cfg.store.Take(ctx, now, charges, out)
+	ok, err := l.storeTake(l.cfg.store, ctx, now, charges, out, at)
 	if o != nil {
 		o.StoreCalled(time.Since(began), err)
 	}
-	if err == nil && !ok && dc != nil {
+	if err == nil && !ok && dc != nil && at == nil {
 		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {
@@ -600,7 +653,12 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	case FailClosed:
 		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
-		allowed, ferr := l.cfg.fallback.Take(ctx, now, s.charges, s.decisions)
+		var at *time.Time
+		if l.rules.Load().counting != nil {
+			at = &s.at
+		}
+		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, at)
+		s.store = l.cfg.fallback
 		if ferr == nil {
 			var res Result
 			s.result(&res, allowed, s.charges, s.decisions, s.metas)
@@ -655,6 +713,12 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 			return err
 		}
 	}
+	if l.clients.overrides.n.Load() > 0 {
+		if cl := l.overrideFor(rule, key); cl != nil {
+			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
+			elastic = false // overrides have no Ceiling
+		}
+	}
 	if elastic && !rule.Shadow {
 		nominal, policy = l.elasticLimits(s, len(s.charges), nominal, names)
 		prepared = nil
@@ -683,6 +747,11 @@ func (c *compiledRule) dynamic(r keyfunc.Request, key string) (limits, nominal [
 	for i, lim := range nominal {
 		if err := lim.Validate(); err != nil {
 			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+		}
+		if !c.Count.IsZero() {
+			if err := refundable(lim); err != nil {
+				return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
+			}
 		}
 		if err := validateCeiling(lim); err != nil {
 			return nil, nil, nil, "", false, fmt.Errorf("sluice: rule %q: LimitsFunc: %v", c.Name, err)
@@ -755,6 +824,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))
 			return
 		}
+		if res.settle != nil {
+			l.serveCounted(w, r, next, &res)
+			return
+		}
 		if res.hold != nil {
 			// Given back when next returns, panics included.
 			defer res.Done()
@@ -790,6 +863,16 @@ type scratch struct {
 	slots                []slotRequest
 	// blocked and shadowBlocked are the first Deny rules that applied.
 	blocked, shadowBlocked *compiledRule
+	// at is the instant the store admitted the charges at, when some
+	// count by outcome, and store the store that did.
+	at    time.Time
+	atp   *time.Time
+	store Store
+	// counting are the rules that count by outcome, and banning is set
+	// when a limit may ban (or an override applies): the ruleSet's, for
+	// the steps of decide.
+	counting countingRules
+	banning  bool
 	overloadScratch
 }
 
@@ -818,6 +901,7 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
+	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
 	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]

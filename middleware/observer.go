@@ -49,6 +49,16 @@ import (
 //     (Limit.Ceiling) of a rule with static limits moved.
 //   - Shed: an adaptive concurrency limit of rule refused a request of
 //     priority p.
+//   - BanStarted: a limit with a Ban (Limit.Ban) refused a client of
+//     rule, which is banned for d from now.
+//   - ClientState: how many per-client overrides (Limiter.SetOverride) and
+//     bans are in force, with a shared store those of the fleet: reported
+//     when this Limiter changes an override and at every sync interval
+//     (WithClientSync).
+//   - Synced: the coordination layer of rules in lease or write-back mode
+//     (Rule.Sync) counted units locally, leased, gave back, dropped, or
+//     ran its syncer (SyncFlushed, on the syncer's goroutine); see
+//     SyncEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -71,6 +81,9 @@ type Observer interface {
 	CapacityChanged(e CapacityEvent)
 	ElasticChanged(e ElasticEvent)
 	Shed(rule string, p Priority)
+	BanStarted(rule string, d time.Duration)
+	ClientState(overrides, bans int)
+	Synced(e SyncEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -122,6 +135,15 @@ func (NopObserver) ElasticChanged(ElasticEvent) {}
 // Shed does nothing.
 func (NopObserver) Shed(string, Priority) {}
 
+// BanStarted does nothing.
+func (NopObserver) BanStarted(string, time.Duration) {}
+
+// ClientState does nothing.
+func (NopObserver) ClientState(int, int) {}
+
+// Synced does nothing.
+func (NopObserver) Synced(SyncEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -144,6 +166,9 @@ type Hooks struct {
 	OnCapacityChanged func(e CapacityEvent)
 	OnElasticChanged  func(e ElasticEvent)
 	OnShed            func(rule string, p Priority)
+	OnBanStarted      func(rule string, d time.Duration)
+	OnClientState     func(overrides, bans int)
+	OnSynced          func(e SyncEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -215,6 +240,27 @@ func (h *Hooks) ElasticChanged(e ElasticEvent) {
 func (h *Hooks) Shed(rule string, p Priority) {
 	if h != nil && h.OnShed != nil {
 		h.OnShed(rule, p)
+	}
+}
+
+// BanStarted calls OnBanStarted, if set.
+func (h *Hooks) BanStarted(rule string, d time.Duration) {
+	if h != nil && h.OnBanStarted != nil {
+		h.OnBanStarted(rule, d)
+	}
+}
+
+// ClientState calls OnClientState, if set.
+func (h *Hooks) ClientState(overrides, bans int) {
+	if h != nil && h.OnClientState != nil {
+		h.OnClientState(overrides, bans)
+	}
+}
+
+// Synced calls OnSynced, if set.
+func (h *Hooks) Synced(e SyncEvent) {
+	if h != nil && h.OnSynced != nil {
+		h.OnSynced(e)
 	}
 }
 
@@ -303,6 +349,24 @@ func (m multiObserver) CapacityChanged(e CapacityEvent) {
 func (m multiObserver) ElasticChanged(e ElasticEvent) {
 	for _, o := range m {
 		o.ElasticChanged(e)
+	}
+}
+
+func (m multiObserver) BanStarted(rule string, d time.Duration) {
+	for _, o := range m {
+		o.BanStarted(rule, d)
+	}
+}
+
+func (m multiObserver) ClientState(overrides, bans int) {
+	for _, o := range m {
+		o.ClientState(overrides, bans)
+	}
+}
+
+func (m multiObserver) Synced(e SyncEvent) {
+	for _, o := range m {
+		o.Synced(e)
 	}
 }
 

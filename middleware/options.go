@@ -81,7 +81,9 @@ type config struct {
 	breakerSet      bool
 	breaker         *breaker
 
-	denyCacheSize int // -1: the default for the store
+	denyCacheSize int  // -1: the default for the store
+	syncMaxKeys   int  // of the coordination layer (sync.go)
+	syncManual    bool // tests: the coordination layer's syncer runs only when called
 	denyCache     *denycache.Cache
 
 	lease         time.Duration // of concurrency slots on a shared store
@@ -93,7 +95,9 @@ type config struct {
 	observers []Observer // as given to WithObserver
 	obs       Observer   // all of them in one; nil if none
 	// unobserve removes obs from the stores that report to it.
-	unobserve []func()
+	unobserve    []func()
+	maxOverrides int           // WithMaxOverrides
+	clientSync   time.Duration // WithClientSync, 0 for DefaultClientSync
 
 	capacity CapacityConfig // the capacity signal of elastic limits
 	overload overloadConfig // shedding by priority
@@ -108,6 +112,7 @@ func defaultConfig() config {
 		denyCacheSize:   -1,
 		lease:           DefaultConcurrencyLease,
 		maxWaiting:      DefaultMaxWaiting,
+		maxOverrides:    DefaultMaxOverrides,
 	}
 }
 

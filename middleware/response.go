@@ -49,9 +49,12 @@ func DenyBody(res *Result) []byte {
 		b = strconv.AppendInt(b, headers.Seconds(res.RetryAfter), 10)
 		return append(b, "}\n"...)
 	}
-	if res.RetryAfter < 0 {
+	switch {
+	case res.RetryAfter < 0:
 		b = append(b, `{"error":"request cost exceeds the rate limit"`...)
-	} else {
+	case res.Banned:
+		b = append(b, `{"error":"banned for exceeding the rate limit"`...)
+	default:
 		b = append(b, `{"error":"rate limit exceeded"`...)
 	}
 	b = append(b, `,"policy":`...)

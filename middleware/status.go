@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync"
 )
 
 // statusRecorder is the http.ResponseWriter that Handler gives a handler
@@ -30,18 +29,10 @@ type statusRecorder struct {
 	status int
 }
 
-var recorderPool = sync.Pool{New: func() any { return new(statusRecorder) }}
-
+// newStatusRecorder returns a recorder for w. It is not pooled: a handler
+// may leave goroutines that still hold it after it returns.
 func newStatusRecorder(w http.ResponseWriter) *statusRecorder {
-	rec := recorderPool.Get().(*statusRecorder)
-	rec.ResponseWriter, rec.status = w, 0
-	return rec
-}
-
-// release returns rec to the pool; it must not be used after.
-func (w *statusRecorder) release() {
-	w.ResponseWriter = nil
-	recorderPool.Put(w)
+	return &statusRecorder{ResponseWriter: w}
 }
 
 // Status returns the status the client got, 200 if nothing was written.

@@ -44,7 +44,6 @@ func TestStatusRecorder(t *testing.T) {
 			if rr.Code != c.want && c.name != "nothing" && c.name != "early hints" { // the recorder keeps a 1xx
 				t.Errorf("the client got %d, the recorder says %d", rr.Code, c.want)
 			}
-			rec.release()
 		})
 	}
 }
@@ -57,7 +56,7 @@ func TestStatusRecorderServer(t *testing.T) {
 	got := make(chan int, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := newStatusRecorder(w)
-		defer func() { got <- rec.Status(); rec.release() }()
+		defer func() { got <- rec.Status() }()
 		rc := http.NewResponseController(rec)
 		if err := rc.SetWriteDeadline(time.Now().Add(5 * time.Second)); err != nil {
 			t.Errorf("SetWriteDeadline through the recorder: %v", err)

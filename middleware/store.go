@@ -56,6 +56,13 @@ type Limit struct {
 	// capacity, as the Limiter's capacity signal measures it (see
 	// WithCapacity). Zero means a fixed limit of Requests.
 	Ceiling int
+	// Ban, when > 0, bans a client this limit refuses for this long: every
+	// request of the client under the limit's rule is then refused, with
+	// Retry-After and the RateLimit fields saying when the ban ends,
+	// whatever the window would admit (see Limiter.Bans and LiftBan).
+	// With Redis the ban is kept there, for the whole fleet. It must be a
+	// whole number of milliseconds, at most 3660 days.
+	Ban time.Duration
 }
 
 // PerSecond returns a limit of n requests per second.

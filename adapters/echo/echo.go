@@ -1,6 +1,8 @@
 package sluiceecho
 
 import (
+	"errors"
+	"net/http"
 	"sync"
 
 	"github.com/labstack/echo/v4"
@@ -82,10 +84,34 @@ func RateLimiterWithConfig(cfg Config) echo.MiddlewareFunc {
 			if !res.Allowed {
 				return cfg.DenyHandler(c, res)
 			}
-			defer res.Done() // concurrency slots, once next returns or panics
-			return next(c)
+			// Concurrency slots are given back, and a rule that counts by
+			// outcome charged by the status, once next returns; a panic
+			// counts as 500.
+			status := 0
+			defer func() { res.Finish(status) }()
+			err = next(c)
+			status = statusOf(c, err)
+			return err
 		}
 	}
+}
+
+// statusOf is the status the client gets for a request whose handlers
+// returned err: what was written if the response is committed, else the
+// status Echo's error handler answers err with (an *echo.HTTPError's code,
+// 500 for other errors), else 200.
+func statusOf(c echo.Context, err error) int {
+	if r := c.Response(); r.Committed || err == nil {
+		if r.Status == 0 {
+			return http.StatusOK
+		}
+		return r.Status
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		return he.Code
+	}
+	return http.StatusInternalServerError
 }
 
 // requests recycles the keyfunc.Request values: an echo.Context is an

@@ -1,6 +1,8 @@
 package sluicefiber
 
 import (
+	"errors"
+
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sluicehq/sluice/middleware"
@@ -74,12 +76,31 @@ func New(config ...Config) fiber.Handler {
 			c.Locals(resultKey, &denied)
 			return cfg.LimitReached(c)
 		}
-		// Concurrency slots are given back once the handlers return or
-		// panic. A body streamed with SetBodyStreamWriter is written after
-		// that, outside the slot.
-		defer res.Done()
-		return c.Next()
+		// Concurrency slots are given back, and a rule that counts by
+		// outcome charged by the status, once the handlers return; a
+		// panic counts as 500. A body streamed with SetBodyStreamWriter is
+		// written after that, outside the slot, and counts by the status
+		// set before.
+		status := 0
+		defer func() { res.Finish(status) }()
+		err = c.Next()
+		status = statusOf(c, err)
+		return err
 	}
+}
+
+// statusOf is the status the client gets for a request whose handlers
+// returned err: the status Fiber's default error handler answers err with
+// (a *fiber.Error's code, 500 for other errors), else the response's.
+func statusOf(c *fiber.Ctx, err error) int {
+	if err != nil {
+		var fe *fiber.Error
+		if errors.As(err, &fe) {
+			return fe.Code
+		}
+		return fiber.StatusInternalServerError
+	}
+	return c.Response().StatusCode()
 }
 
 type contextKey struct{ name string }

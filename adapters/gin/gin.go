@@ -63,8 +63,13 @@ func New(cfg Config) gin.HandlerFunc {
 			c.Abort()
 			return
 		}
-		defer res.Done() // concurrency slots, once the handlers return or panic
+		// Concurrency slots are given back, and a rule that counts by
+		// outcome charged by the status, once the handlers return; a
+		// panic counts as 500.
+		status := 0
+		defer func() { res.Finish(status) }()
 		c.Next()
+		status = c.Writer.Status()
 	}
 }
 

@@ -11,7 +11,19 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redispipe"
 )
+
+// evalQuiet runs script for background and admin work: through the
+// pipeline, which fails fast on a server that is down, but not counted
+// among the batches of decisions (redispipe.Pipeliner.RunQuiet).
+func (s *Store) evalQuiet(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	if s.pipe != nil {
+		return s.pipe.RunQuiet(ctx, script, keys, args...)
+	}
+	return redispipe.RunDirect(ctx, s.client, script, keys, args...)
+}
 
 // Bans and per-client overrides, shared by every app server of the fleet.
 //
@@ -220,7 +232,7 @@ return {redis.call('ZCOUNT', KEYS[1], min, '+inf'), list}
 
 // Bans lists at most limit bans in force at now (the zero time means the
 // server's clock), soonest to end first, and how many are in force in
-// all.
+// all. It is not counted among the batches of decisions.
 func (s *Store) Bans(ctx context.Context, now time.Time, limit int) ([]Ban, int, error) {
 	arg, err := nowArg(now)
 	if err != nil {
@@ -228,7 +240,7 @@ func (s *Store) Bans(ctx context.Context, now time.Time, limit int) ([]Ban, int,
 	}
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := s.eval(ctx, listBansScript, []string{s.adminKey("bans")}, []any{arg, limit})
+	v, err := s.evalQuiet(ctx, listBansScript, []string{s.adminKey("bans")}, arg, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("redisstore: list bans: %w", err)
 	}
@@ -256,11 +268,13 @@ func (s *Store) Bans(ctx context.Context, now time.Time, limit int) ([]Ban, int,
 }
 
 // AdminVersion returns the version of the overrides and lifted bans (0
-// before the first change); it changes whenever they do.
+// before the first change); it changes whenever they do. App servers poll
+// it in the background: it is not counted among the batches of
+// decisions.
 func (s *Store) AdminVersion(ctx context.Context) (int64, error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := s.eval(ctx, versionScript, []string{s.adminKey("version")}, nil)
+	v, err := s.evalQuiet(ctx, versionScript, []string{s.adminKey("version")})
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: version: %w", err)
 	}

@@ -111,11 +111,12 @@ func (s *Store) RemoveOverride(ctx context.Context, rule, key string) (bool, err
 }
 
 // LoadOverrides returns every override held (ended ones included, with
-// their end) and the version they are at.
+// their end) and the version they are at. It is not counted among the
+// batches of decisions.
 func (s *Store) LoadOverrides(ctx context.Context) (int64, []StoredOverride, error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := s.eval(ctx, loadOverridesScript, s.overrideKeys(), nil)
+	v, err := s.evalQuiet(ctx, loadOverridesScript, s.overrideKeys())
 	if err != nil {
 		return 0, nil, fmt.Errorf("redisstore: load overrides: %w", err)
 	}

@@ -130,6 +130,11 @@ type Limit struct {
 	// Ceiling, when above Requests, makes the limit elastic (see package
 	// middleware); the stores ignore it.
 	Ceiling int
+	// Ban, when > 0, is how long a client this limit refuses is refused
+	// under its rule afterwards. Stores do not read it: the middleware
+	// keeps bans. It must be a whole number of milliseconds, at most
+	// MaxWindow.
+	Ban time.Duration
 }
 
 // String returns the limit as "100/1m0s", followed by its algorithm when
@@ -193,6 +198,8 @@ func (l Limit) Validate() error {
 		return bad("burst", "a leaky bucket's queue must be below 2^50 (%d)", MaxRequests)
 	case l.Burst < 0 || l.Burst > MaxRequests:
 		return bad("burst", "burst %d must be between 1 and 2^50 (%d), or 0 for requests", l.Burst, MaxRequests)
+	case l.Ban < 0 || l.Ban%time.Millisecond != 0 || l.Ban > MaxWindow:
+		return bad("ban", "ban %s must be a whole number of milliseconds between 0 and %s", l.Ban, MaxWindow)
 	case l.MaxLog != 0 && l.Algorithm != SlidingLog:
 		return bad("max_log", "max_log applies only to the sliding_log algorithm, not to %s", l.Algorithm)
 	case l.MaxLog < 0 || l.MaxLog > MaxLogRequests:

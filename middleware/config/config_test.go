@@ -224,7 +224,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limit unknown field",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 1m, bursts: 3}]}]",
-			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ceiling)",
+			want: "rules.yaml:1: rules[0].limits[0].bursts: unknown field (want requests, window, algorithm, burst, max_delay, time_zone, max_log, ceiling, ban)",
 		},
 		{
 			name: "cost zero",
@@ -1113,7 +1113,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)

@@ -31,9 +31,9 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced"}
 	matchFields = []string{"path", "methods", "headers", "query"}
-	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling"}
+	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
 )
 
@@ -165,6 +165,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	// The rule's algorithm and time zone are defaults for its limits, so
 	// limits and plans are decoded once every field has been seen.
 	var defaults limitDefaults
+	var sf syncFields
 	d.fields(n, path, ruleFields, func(field string, v *yaml.Node) {
 		fpath := path + "." + field
 		switch field {
@@ -241,10 +242,14 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			allow = d.allow(v, fpath)
 		case "plans":
 			plansNode = v
+		case "sync", "lease", "sync_interval", "max_unsynced":
+			d.syncField(&sf, field, v, fpath)
 		case "adaptive_concurrency": // overload.go
 			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
 		case "priority":
 			r.Priority, _ = d.priority(v, fpath)
+		case "count":
+			r.Count = d.count(v, fpath)
 		}
 	})
 	if limitsNode != nil {
@@ -275,6 +280,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 		return r, nameNode, false
 	}
 	r.Limits = limits
+	d.checkSync(&sf, &r, limits, plans, path)
 
 	// Checks that span fields.
 	d.checkOverload(&r, overageNode, path)
@@ -522,6 +528,8 @@ func (d *decoder) limits(n *yaml.Node, path string, defaults *limitDefaults) []m
 				if w, ok := d.duration(v, fpath); ok {
 					l.MaxDelay, delayNode = w, v
 				}
+			case "ban":
+				l.Ban = d.ban(v, fpath)
 			case "time_zone":
 				if loc, ok := d.timeZone(v, fpath); ok {
 					l.Location, tzNode = loc, v

@@ -79,6 +79,7 @@ type flags struct {
 	configs            listValue
 	redisAddrs         string
 	redisPrefix        string
+	redisStall         time.Duration
 	failure            string
 	timeout, poll      time.Duration
 	shadow             bool
@@ -95,6 +96,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.Var(&f.configs, "config", "descriptor file: a path, an http(s) URL or redis:///KEY; once per domain (required)")
 	fs.StringVar(&f.redisAddrs, "redis", "", "Redis address, or several comma-separated for a Redis Cluster; empty counts in memory")
 	fs.StringVar(&f.redisPrefix, "redis-prefix", "sluice:rls:", "prefix of the counters' keys in Redis")
+	fs.DurationVar(&f.redisStall, "redis-stall", 0, "how long a Redis server may take to answer before it is taken as down and calls get the failure policy at once: 0 adapts to its round trips (20ms to 35ms), a negative value takes it as down only when it cannot be reached")
 	fs.StringVar(&f.failure, "failure", "open", "what a call gets while the store fails: open, closed or local")
 	fs.DurationVar(&f.timeout, "timeout", envoyrls.DefaultTimeout, "bound of each call")
 	fs.DurationVar(&f.poll, "poll", 5*time.Second, "how often descriptor files and URLs are checked for changes")
@@ -151,7 +153,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 		}
 		defer client.Close()
-		store, err = middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: f.redisPrefix})
+		store, err = middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: f.redisPrefix, StallThreshold: f.redisStall})
 	} else {
 		store, err = middleware.NewMemoryStore(middleware.MemoryConfig{})
 	}
@@ -183,6 +185,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 		metrics.Watch(rl.Limiter())
 		log.Info("sluice-rls: serving domain", slog.String("domain", rl.Document().Domain),
 			slog.String("source", rl.Document().File), slog.Int("rules", len(rl.Document().Rules)))
+	}
+	if client != nil {
+		warmUp(ctx, reloaders[0].Limiter(), log)
 	}
 	domains := make([]envoyrls.Domain, len(reloaders))
 	for i, rl := range reloaders {
@@ -316,4 +321,25 @@ func open(ctx context.Context, c string, i int, f *flags, client redis.Universal
 		so.CachePath = fmt.Sprintf("%s/source-%d.yaml", f.cacheDir, i)
 	}
 	return config.OpenSource(ctx, src, env, so, opts...)
+}
+
+// warmUp reads a counter of lim once, without counting, so that the first
+// calls find the connection to Redis open and the script loaded: they
+// have only -timeout to be decided in. A failure is logged; the failure
+// policy answers calls until Redis answers.
+func warmUp(ctx context.Context, lim *middleware.Limiter, log *slog.Logger) {
+	for _, r := range lim.Rules() {
+		if len(r.Limits) == 0 {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := lim.Peek(wctx, r.Name, "sluice-rls:warm-up")
+		cancel()
+		if err != nil {
+			log.Warn("sluice-rls: store not ready; calls get the failure policy until it is", slog.Any("error", err))
+			return
+		}
+		log.Info("sluice-rls: store ready")
+		return
+	}
 }
