@@ -317,6 +317,8 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 4); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/export; done  # 3 a calendar day in Paris: the 4th is 429
   for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
   for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
+  curl -i http://%[1]s/api/feed                          # sync: lease (with -redis): decided in memory from leased slices
+  curl -i -X POST http://%[1]s/api/events                # sync: write_back (with -redis): counted in memory, pushed every 200 ms
   for i in $(seq 30); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/api/burst; done; echo   # 10/s, up to 50/s while the server is idle: all 200
   (for i in $(seq 60); do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/work?ms=2000&batch=1' & done; wait) | sort | uniq -c   # adaptive limit: batch requests shed first (503)
 `, host)
