@@ -234,8 +234,8 @@ type Result struct {
 	Allowed bool
 	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
-	// policy is to fail open) the other fields are zero and no rate-limit
-	// headers are sent.
+	// policy is to fail open) the fields of the binding limit (Policy to
+	// Cost) are zero and no rate-limit headers are sent.
 	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
