@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/regiontest"
 )
 
@@ -138,6 +140,10 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 
 	// The partition and the measure of convergence after it heals.
 	var converge time.Duration
+	locals := map[string]*redis.Client{}
+	for _, r := range sim.Names {
+		locals[r] = sim.Local(t, r)
+	}
 	if sc.cut != "" {
 		wg.Add(1)
 		go func() {
@@ -150,13 +156,13 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 			k := key(counter, Start(healAt.UnixMilli(), w))
 			own := map[string]int64{}
 			for _, r := range sim.Names {
-				own[r], _ = sim.Local(t, r).HGet(context.Background(), k, r).Int64()
+				own[r], _ = locals[r].HGet(context.Background(), k, r).Int64()
 			}
 			sim.Heal(sc.cut)
 			for time.Since(healAt) < 5*time.Second {
 				done := true
 				for _, r := range sim.Names {
-					got, _ := sim.Local(t, r).HGetAll(context.Background(), k).Result()
+					got, _ := locals[r].HGetAll(context.Background(), k).Result()
 					for q, n := range own {
 						var v int64
 						fmt.Sscan(got[q], &v)
@@ -215,7 +221,11 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 	res := result{perWindow: admitted, p99: map[string]time.Duration{}, rate: maxRate, converge: converge, errs: errs.Load()}
 	after := 0
 	if sc.cut != "" {
-		after = sc.cutFrom + int((p.hold+p.window-1)/p.window)
+		// A peer is unreachable once a push or a ping (every
+		// DefaultSyncInterval when idle) fails a hold time after the
+		// last success.
+		lag := p.hold + max(p.sync, DefaultSyncInterval) + p.tick
+		after = sc.cutFrom + int((lag+p.window-1)/p.window)
 	}
 	for i, n := range admitted {
 		res.max = max(res.max, n)

@@ -228,9 +228,18 @@ func (s *Store) track(k string, c Charge, start, now, ttl int64) {
 	if iv <= 0 {
 		iv = DefaultSyncInterval
 	}
-	l := &live{end: start + c.Window, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
+	// Decisions depend on the window until it ends, and a sliding
+	// window's for one window more.
+	end := start + c.Window
+	if c.Sliding {
+		end += c.Window
+	}
+	l := &live{end: end, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
+	// The first push comes one interval after the first admission, and
+	// before the window ends even when the interval is longer.
+	first := min(now+l.interval, max(now, end-1))
 	for _, p := range s.names {
-		l.due[p] = now + l.interval
+		l.due[p] = first
 	}
 	s.keys[k] = l
 }

@@ -38,7 +38,7 @@ func TestRegionsTable(t *testing.T) {
 	for _, sc := range scenarios(base.window) {
 		p := base
 		if sc.cut != "" {
-			p.windows = 6
+			sc.cutTo, p.windows = 5, 7
 		}
 		p.sync, p.hold = 250*time.Millisecond, 500*time.Millisecond
 		pr := runScenario(t, sim, sc, perRegion, p)
@@ -56,11 +56,15 @@ func TestRegionsTable(t *testing.T) {
 					conv = "not within 5 s"
 				}
 			}
-			fmt.Fprintf(&b, "| %s | %v | %s | %d | %d | %d | %d | %s / %s ms | %s ms | %s |\n",
-				sc.name, T, most, p.limit, boundFor(sim, q, g.rate), pr.max, st.max,
+			strictMax := fmt.Sprint(st.max)
+			if st.errs > 0 {
+				strictMax += fmt.Sprintf(" (%d failed: home unreachable)", st.errs)
+			}
+			fmt.Fprintf(&b, "| %s | %v | %s | %d | %d | %d | %s | %s / %s ms | %s ms | %s |\n",
+				sc.name, T, most, p.limit, boundFor(sim, q, g.rate), pr.max, strictMax,
 				ms(st.p99[regiontest.EUWest1]), ms(st.p99[regiontest.APSoutheast1]), ms(maxP99(g)), conv)
-			if g.errs+pr.errs+st.errs > 0 {
-				t.Errorf("%s, %v: %d decisions failed", sc.name, T, g.errs+pr.errs+st.errs)
+			if g.errs+pr.errs > 0 {
+				t.Errorf("%s, %v: %d decisions failed", sc.name, T, g.errs+pr.errs)
 			}
 		}
 	}
