@@ -54,6 +54,9 @@ func TestRegionsTable(t *testing.T) {
 				conv = ms(g.converge) + " ms"
 				if g.converge < 0 {
 					conv = "not within 5 s"
+					if T >= p.window {
+						conv = "never: the window ended before a push got through"
+					}
 				}
 			}
 			strictMax := fmt.Sprint(st.max)
