@@ -19,7 +19,9 @@
 // good rules for restarts while the service is down;
 // -framework the web framework that serves the routes, each through its
 // sluice adapter, with the same limits and answers; -admin-addr (default
-// 127.0.0.1:9090, loopback only) the listener of the admin handler (rules
+// 127.0.0.1:9090, loopback only, or a free port of 127.0.0.1 when another
+// process listens there, as Prometheus does by default; the address is
+// printed) the listener of the admin handler (rules
 // in force, peek and reset a client's counters), which requires the token
 // of $SLUICE_ADMIN_TOKEN (or a random one printed at start). Logs go to
 // stderr through log/slog.
@@ -138,7 +140,7 @@ func run(args []string) error {
 		return err
 	}
 	if *adminAddr != "" {
-		if err := serveAdmin(ctx, *adminAddr, lim, source); err != nil {
+		if _, err := serveAdmin(ctx, *adminAddr, lim, source); err != nil {
 			return err
 		}
 	}
@@ -221,16 +223,19 @@ var demoEnv = config.Env{
 // serveAdmin serves middleware.AdminHandler on addr (loopback by default),
 // for requests that carry the token of $SLUICE_ADMIN_TOKEN, or of a random
 // one printed at start when it is unset.
-func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, source func() (string, string)) error {
+//
+// It returns the address it listens on: addr, or a free port of addr's
+// host if another process listens on addr (see listenAdmin).
+func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, source func() (string, string)) (string, error) {
 	token := os.Getenv("SLUICE_ADMIN_TOKEN")
 	if token == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])
 		token = hex.EncodeToString(b[:])
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listenAdmin(addr)
 	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
+		return "", err
 	}
 	h := middleware.AdminHandler(lim, middleware.AdminConfig{
 		Authorize: func(r *http.Request) bool {
@@ -243,7 +248,30 @@ func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, sourc
 	fmt.Printf("  curl -H 'Authorization: Bearer %[1]s' http://%[2]s/bans\n  curl -X DELETE -H 'Authorization: Bearer %[1]s' 'http://%[2]s/bans?rule=login&key=account:alice|ip:127.0.0.1'\n  curl -X PUT -H 'Authorization: Bearer %[1]s' -d '{\"limits\":[{\"requests\":100,\"window\":\"1m\"}],\"ttl\":\"1h\"}' 'http://%[2]s/overrides?rule=site&key=ip:127.0.0.1'\n\n",
 		token, ln.Addr())
 	go func() { _ = serveHTTP(ctx, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln) }()
-	return nil
+	return ln.Addr().String(), nil
+}
+
+// listenAdmin listens on addr or, if something else already listens
+// there (Prometheus's default port is 9090 too, and so is a second
+// example's), on a free port of the same host, saying so on stderr.
+func listenAdmin(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		if err != nil {
+			err = fmt.Errorf("admin listener: %w", err)
+		}
+		return ln, err
+	}
+	host, _, serr := net.SplitHostPort(addr)
+	if serr != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	ln, err2 := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err2 != nil {
+		return nil, fmt.Errorf("admin listener: %w (and on a free port: %v)", err, err2)
+	}
+	log.Printf("admin listener: %s is in use; listening on %s instead (set -admin-addr to choose)", addr, ln.Addr())
+	return ln, nil
 }
 
 func reloadOnHUP(ctx context.Context, rl *config.Reloader, logReload func(error)) {
@@ -295,6 +323,8 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 4); do curl -s -o /dev/null -w '%%{http_code}\n' -X POST http://%[1]s/api/export; done  # 3 a calendar day in Paris: the 4th is 429
   for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
   for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
+  curl -i http://%[1]s/api/feed                          # sync: lease (with -redis): decided in memory from leased slices
+  curl -i -X POST http://%[1]s/api/events                # sync: write_back (with -redis): counted in memory, pushed every 200 ms
   for i in $(seq 30); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/api/burst; done; echo   # 10/s, up to 50/s while the server is idle: all 200
   (for i in $(seq 60); do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/work?ms=2000&batch=1' & done; wait) | sort | uniq -c   # adaptive limit: batch requests shed first (503)
 `, host)

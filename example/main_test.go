@@ -125,8 +125,8 @@ func TestAdminListener(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := serveAdmin(ctx, addr, lim, func() (string, string) { return "built-in rules", "" }); err != nil {
-		t.Fatal(err)
+	if got, err := serveAdmin(ctx, addr, lim, func() (string, string) { return "built-in rules", "" }); err != nil || got != addr {
+		t.Fatalf("serveAdmin on %s: %s, %v", addr, got, err)
 	}
 	for _, tt := range []struct {
 		auth string
@@ -144,6 +144,43 @@ func TestAdminListener(t *testing.T) {
 		if res.StatusCode != tt.want {
 			t.Errorf("Authorization %q: %d, want %d", tt.auth, res.StatusCode, tt.want)
 		}
+	}
+}
+
+// TestAdminListenerPortTaken: with another process listening on the admin
+// address (Prometheus's default port is the example's default too), the
+// admin handler starts on a free port of the same host, and answers there.
+func TestAdminListenerPortTaken(t *testing.T) {
+	t.Setenv("SLUICE_ADMIN_TOKEN", "t0ken")
+	lim, err := middleware.NewRules(builtinRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got, err := serveAdmin(ctx, taken.Addr().String(), lim, func() (string, string) { return "built-in rules", "" })
+	if err != nil {
+		t.Fatalf("serveAdmin on a taken address: %v", err)
+	}
+	host, port, _ := net.SplitHostPort(got)
+	if host != "127.0.0.1" || got == taken.Addr().String() || port == "0" {
+		t.Fatalf("serveAdmin listens on %s, want another port of 127.0.0.1 than %s", got, taken.Addr())
+	}
+	req, _ := http.NewRequest("GET", "http://"+got+"/rules", nil)
+	req.Header.Set("Authorization", "Bearer t0ken")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("GET /rules on %s: %d, want 200", got, res.StatusCode)
 	}
 }
 

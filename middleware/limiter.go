@@ -35,6 +35,9 @@ type Limiter struct {
 	// ov holds the capacity signals (adaptive.go, elastic.go).
 	ov        overload
 	closeOnce sync.Once
+	// syncs is the coordination layer of lease and write-back rules
+	// (sync.go).
+	syncs syncLayer
 }
 
 type ruleSet struct {
@@ -104,6 +107,9 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			}
 		}
 	}
+	if err := l.bindSync(set); err != nil {
+		return err
+	}
 	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
@@ -149,6 +155,7 @@ func (l *Limiter) Close() error {
 		l.stopRenewer()
 		l.stopFleet()
 		l.stopClientSync()
+		l.stopSync()
 		err = l.cfg.release()
 	})
 	return err
@@ -224,8 +231,8 @@ type Result struct {
 	Allowed bool
 	// Applied reports whether any limit applied to the request. When it is
 	// false (no rule matched, all were skipped, or the store failed and the
-	// policy is to fail open) the other fields are zero and no rate-limit
-	// headers are sent.
+	// policy is to fail open) the fields of the binding limit (Policy to
+	// Cost) are zero and no rate-limit headers are sent.
 	Applied bool
 	// Shadowed reports that a shadow rule (or the limiter, in shadow mode)
 	// would have denied the request.
@@ -604,6 +611,7 @@ func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, o
 			if o := l.cfg.obs; o != nil {
 				o.DenyCacheHit(charges[i].Name)
 			}
+			yieldSometimes()
 			return false, nil
 		}
 	}

@@ -23,6 +23,8 @@ const denialLogEvery = 100
 //     store was down (Decided with OutcomeFailedOpen), likewise;
 //   - a store's servers going down (Warn) and coming back (Info);
 //   - the circuit breaker opening (Warn) and closing (Info);
+//   - an adaptive concurrency limit shedding requests (Shed, Warn, at most
+//     once a second per rule);
 //   - an adaptive concurrency limit shedding requests (Warn, at most once a
 //     second per rule);
 //   - a sample of denials (Info, one in 100, drawn at random) with the rule,

@@ -55,6 +55,10 @@ import (
 //     bans are in force, with a shared store those of the fleet: reported
 //     when this Limiter changes an override and at every sync interval
 //     (WithClientSync).
+//   - Synced: the coordination layer of rules in lease or write-back mode
+//     (Rule.Sync) counted units locally, leased, gave back, dropped, or
+//     ran its syncer (SyncFlushed, on the syncer's goroutine); see
+//     SyncEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -79,6 +83,7 @@ type Observer interface {
 	Shed(rule string, p Priority)
 	BanStarted(rule string, d time.Duration)
 	ClientState(overrides, bans int)
+	Synced(e SyncEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -136,6 +141,9 @@ func (NopObserver) BanStarted(string, time.Duration) {}
 // ClientState does nothing.
 func (NopObserver) ClientState(int, int) {}
 
+// Synced does nothing.
+func (NopObserver) Synced(SyncEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -160,6 +168,7 @@ type Hooks struct {
 	OnShed            func(rule string, p Priority)
 	OnBanStarted      func(rule string, d time.Duration)
 	OnClientState     func(overrides, bans int)
+	OnSynced          func(e SyncEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -245,6 +254,13 @@ func (h *Hooks) BanStarted(rule string, d time.Duration) {
 func (h *Hooks) ClientState(overrides, bans int) {
 	if h != nil && h.OnClientState != nil {
 		h.OnClientState(overrides, bans)
+	}
+}
+
+// Synced calls OnSynced, if set.
+func (h *Hooks) Synced(e SyncEvent) {
+	if h != nil && h.OnSynced != nil {
+		h.OnSynced(e)
 	}
 }
 
@@ -345,6 +361,12 @@ func (m multiObserver) BanStarted(rule string, d time.Duration) {
 func (m multiObserver) ClientState(overrides, bans int) {
 	for _, o := range m {
 		o.ClientState(overrides, bans)
+	}
+}
+
+func (m multiObserver) Synced(e SyncEvent) {
+	for _, o := range m {
+		o.Synced(e)
 	}
 }
 

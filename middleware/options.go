@@ -81,7 +81,9 @@ type config struct {
 	breakerSet      bool
 	breaker         *breaker
 
-	denyCacheSize int // -1: the default for the store
+	denyCacheSize int  // -1: the default for the store
+	syncMaxKeys   int  // of the coordination layer (sync.go)
+	syncManual    bool // tests: the coordination layer's syncer runs only when called
 	denyCache     *denycache.Cache
 
 	lease         time.Duration // of concurrency slots on a shared store

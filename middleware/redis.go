@@ -23,15 +23,22 @@ type RedisConfig struct {
 	// deadline; 0 means 100ms and a negative value means no bound of its
 	// own. The store returns at the deadline whatever the go-redis
 	// client's options (go-redis itself ends a hung read at a context
-	// deadline only with ContextTimeoutEnabled).
+	// deadline only with ContextTimeoutEnabled), unless the server still
+	// answers a PING then: the reply is late because this process is
+	// short of CPU, not the server, and the decision waits on for it, up
+	// to a second more. The request context's own deadline is kept.
 	Timeout time.Duration
 	// StallThreshold is how long a batch of decisions may wait for a
-	// server's answer before the server is taken as down: requests for
-	// its counters then go to the failure policy at once, instead of
-	// waiting behind it, until a probe finds it answering again. 0 means
-	// adaptive: 20ms plus twice the server's recent slowest round trip, at
-	// most 35ms. A negative value marks servers down only on connection
-	// errors.
+	// server's answer before the server is asked, with a PING on a
+	// connection of the store's own, whether it still answers; if it does
+	// not (within 25ms, or twice its recent slowest round trip, at most
+	// 100ms), it is taken as down: requests for its counters then go to
+	// the failure policy at once, instead of waiting behind it, until a
+	// probe finds it answering again. A server that answers the PING is
+	// up, however late this process is to read its replies (a process
+	// short of CPU). 0 means adaptive: 20ms plus twice the server's recent
+	// slowest round trip, at most 35ms. A negative value marks servers
+	// down only on connection errors.
 	StallThreshold time.Duration
 	// MaxBatch bounds how many decisions share one round trip to one
 	// server; 0 means 128.

@@ -25,9 +25,10 @@ import (
 // redis-server processes are killed, hung and restarted. They assert on
 // counts of requests (held up, decided without Redis), not on wall-clock
 // figures that a loaded machine could miss: a request is held up when it
-// took more than 50 ms beyond the longest this process went unscheduled
+// took more than 100 ms beyond the longest this process went unscheduled
 // while it ran (package schedlag), since other test binaries share the
-// machine's cores. BENCHMARKS.md has the figures measured on a quiet
+// machine's cores. No request may be held up by a store failure, whatever
+// its phase (the kill, the outage, the restart). BENCHMARKS.md has the figures measured on a quiet
 // one. They run one at a time, not in parallel with
 // each other or with the package's parallel tests: each is a load of its
 // own, and a machine too busy to answer in tens of milliseconds is one
@@ -36,7 +37,7 @@ const (
 	loadGoroutines = 64
 	loadRate       = 2000 // requests a second, all goroutines together
 	loadKeys       = 300
-	heldTooLong    = 50 * time.Millisecond
+	heldTooLong    = 100 * time.Millisecond
 )
 
 // outcome is what became of one request of the load.
@@ -213,8 +214,8 @@ func newOutageLimiter(t *testing.T, store middleware.Store) *middleware.Limiter 
 }
 
 // TestOutageStandalone kills a standalone Redis under load, restarts it on
-// the same port, and counts: requests held up more than 50 ms (at most 16
-// per app server), requests undecided after Redis accepts connections
+// the same port, and counts: requests held up more than 100 ms from the
+// kill on (none), requests undecided after Redis accepts connections
 // again (at most 500 ms worth), and, at startup, requests let through
 // undecided while 64 goroutines open the first connections (none).
 func TestOutageStandalone(t *testing.T) {
@@ -249,8 +250,8 @@ func TestOutageStandalone(t *testing.T) {
 	if startup.undecided != 0 {
 		t.Errorf("%d requests undecided at startup, want 0", startup.undecided)
 	}
-	if down.held > 16 {
-		t.Errorf("%d requests held more than %v while Redis was down, want at most 16", down.held, heldTooLong)
+	if held := summarize(os, killed, time.Now(), nil); held.held > 0 {
+		t.Errorf("%d requests held more than %v from the kill on, want none", held.held, heldTooLong)
 	}
 	// Within 500 ms: at most 500 ms worth of requests undecided after the
 	// server accepted connections again.
@@ -261,8 +262,8 @@ func TestOutageStandalone(t *testing.T) {
 	}
 }
 
-// TestOutageHung hangs a standalone Redis (SIGSTOP) under load: at most 16
-// requests wait more than 50 ms, and decisions come back when it resumes.
+// TestOutageHung hangs a standalone Redis (SIGSTOP) under load: no request
+// waits more than 100 ms, and decisions come back when it resumes.
 func TestOutageHung(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hangs a real Redis under load for several seconds")
@@ -291,8 +292,8 @@ func TestOutageHung(t *testing.T) {
 	after := summarize(os, back.Add(500*time.Millisecond), time.Now(), nil)
 	t.Logf("hung: %d requests, %d held over %v (plus up to %v of scheduling lag); after: %d requests, %d undecided",
 		down.total, down.held, heldTooLong, down.lag, after.total, after.undecided)
-	if down.held > 16 {
-		t.Errorf("%d requests held more than %v while Redis hung, want at most 16", down.held, heldTooLong)
+	if held := summarize(os, hung, time.Now(), nil); held.held > 0 {
+		t.Errorf("%d requests held more than %v from the hang on, want none", held.held, heldTooLong)
 	}
 	if after.undecided != 0 {
 		t.Errorf("%d requests undecided from 500ms after Redis resumed, want 0", after.undecided)
@@ -395,8 +396,11 @@ func TestOutageSentinel(t *testing.T) {
 	if after.total == 0 || after.undecided != 0 {
 		t.Errorf("%d of %d requests undecided from 500ms after the promotion, want 0", after.undecided, after.total)
 	}
-	if down.held > 16 {
-		t.Errorf("%d requests held more than %v during the failover, want at most 16", down.held, heldTooLong)
+	if held := summarize(os, killed, time.Now(), nil); held.held > 0 {
+		t.Errorf("%d requests held more than %v from the kill on, want none", held.held, heldTooLong)
+	}
+	if recovery > 500*time.Millisecond {
+		t.Errorf("the last undecided request came %v after the promotion, want at most 500ms", recovery)
 	}
 	if rem := chargeProbe(t, lim, "192.0.2.1", 1); rem != 14 {
 		t.Errorf("after the failover the probe client has %d remaining after its 6th request, want 14: a replicated count was lost", rem)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
+	"time"
 )
 
 // Rule says which requests are limited, who they are counted against and how
@@ -132,6 +133,32 @@ type Rule struct {
 	// 429 Too Many Requests (the default, 0) or 503 Service Unavailable.
 	ConcurrencyStatus int
 
+	// Sync is how the app servers that share the Redis store coordinate
+	// this rule's counters: SyncExact (the default) decides every request
+	// in Redis; SyncLease and SyncWriteBack decide in memory and keep the
+	// fleet's count in Redis in the background (with another store than
+	// NewRedisStore's, such as the in-memory one, every mode decides
+	// exactly), each with the bound on its
+	// error that its doc states (see docs/fleet.md). They take sliding
+	// windows, fixed windows and token buckets; a rule with another
+	// algorithm in another mode than SyncExact is an error (limits from a
+	// LimitsFunc with another algorithm are decided exactly). Remaining
+	// then comes from the app server's own view. Counters stay where
+	// exact mode keeps them, so a rule may change modes without resetting
+	// its clients.
+	Sync SyncMode
+	// Lease is, for SyncLease, the largest slice an app server reserves
+	// at once, in cost units; 0 means DefaultLease.
+	Lease int
+	// SyncInterval is, for SyncWriteBack, how often deltas are pushed and,
+	// for SyncLease, how long a slice lives; 0 means DefaultSyncInterval.
+	SyncInterval time.Duration
+	// MaxUnsynced is, for SyncWriteBack, how many units one app server
+	// may count on one counter before it pushes them at once and waits
+	// for the answer; 0 means Requests / 10, between 1 and
+	// MaxMaxUnsynced.
+	MaxUnsynced int
+
 	// Count, when set, charges the rule's limits only for requests whose
 	// response status it matches, such as failed logins; see Count.
 	Count Count
@@ -223,6 +250,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileOverload(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileSync(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileCount(); err != nil {

@@ -16,6 +16,11 @@ type Stats struct {
 	SlotsHeld int
 	// BreakerOpen reports whether the circuit breaker is open.
 	BreakerOpen bool
+	// SyncKeys is how many counters of rules in lease or write-back mode
+	// the app server keeps in memory, and SyncEvictions how many it
+	// dropped to stay within WithSyncMaxKeys.
+	SyncKeys      int
+	SyncEvictions uint64
 }
 
 // Stats returns the limiter's current figures.
@@ -32,6 +37,9 @@ func (l *Limiter) Stats() Stats {
 	l.renew.mu.Unlock()
 	if b := l.cfg.breaker; b != nil {
 		st.BreakerOpen = b.isOpen()
+	}
+	if fs := l.syncs.store.Load(); fs != nil {
+		st.SyncKeys, st.SyncEvictions = fs.Len(), fs.Evictions()
 	}
 	return st
 }

@@ -99,14 +99,15 @@ func (s *service) FullDuplexCall(stream testpb.TestService_FullDuplexCallServer)
 }
 
 // start serves the TestService behind the interceptors of lim on a
-// loopback port, and returns a client.
-func start(t *testing.T, lim *middleware.Limiter, o grpclimit.Options) (testpb.TestServiceClient, *service) {
+// loopback port, after the unary interceptors before, and returns a
+// client.
+func start(t *testing.T, lim *middleware.Limiter, o grpclimit.Options, before ...grpc.UnaryServerInterceptor) (testpb.TestServiceClient, *service) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, o)),
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(append(before, grpclimit.UnaryServerInterceptor(lim, o))...),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, o)))
 	svc := &service{entered: make(chan struct{}, 4), release: make(chan struct{})}
 	testpb.RegisterTestServiceServer(g, svc)
@@ -190,8 +191,9 @@ func TestUnary(t *testing.T) {
 	}
 }
 
-// TestKeys keys calls by metadata and by the client behind a trusted
-// proxy, and refuses a call without a key.
+// TestKeys keys calls by API key (metadata), by the client behind a
+// trusted proxy, by the full method and by the user an authentication
+// interceptor found, and refuses a call without a key.
 func TestKeys(t *testing.T) {
 	t.Parallel()
 	clk := testclock.New(t0)
@@ -200,7 +202,7 @@ func TestKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim := newLimiter(t, stores[0].make(t), clk,
-		middleware.Rule{Name: "by-key", Path: "/grpc.testing.TestService/UnaryCall", Key: keyfunc.Header("X-Api-Key"),
+		middleware.Rule{Name: "by-key", Path: "/grpc.testing.TestService/UnaryCall", Key: keyfunc.APIKey("X-Api-Key", []byte("secret")),
 			Limits: []middleware.Limit{middleware.PerMinute(1).FixedWindow()}},
 		middleware.Rule{Name: "by-client", Path: "/grpc.testing.TestService/EmptyCall", Key: behind,
 			Limits: []middleware.Limit{middleware.PerMinute(1).FixedWindow()}})
@@ -248,6 +250,35 @@ func TestKeys(t *testing.T) {
 			t.Errorf("per method, unary %v: %v, want %v", s.unary, got, s.want)
 		}
 	}
+	// The user an authentication interceptor chained before put in the
+	// context.
+	type userKey struct{}
+	auth := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("authorization")) > 0 {
+			ctx = context.WithValue(ctx, userKey{}, md.Get("authorization")[0])
+		}
+		return h(ctx, req)
+	}
+	lim = newLimiter(t, stores[0].make(t), clk,
+		middleware.Rule{Name: "per-user", Key: keyfunc.User(func(ctx context.Context) (string, bool) {
+			u, ok := ctx.Value(userKey{}).(string)
+			return u, ok
+		}), Limits: []middleware.Limit{middleware.PerMinute(1).FixedWindow()}})
+	c, _ = start(t, lim, grpclimit.Options{}, auth)
+	for _, s := range []struct {
+		ctx  context.Context
+		want codes.Code
+	}{
+		{withMD("authorization", "alice"), codes.OK},
+		{withMD("authorization", "alice"), codes.ResourceExhausted},
+		{withMD("authorization", "bob"), codes.OK},
+		{context.Background(), codes.InvalidArgument},
+	} {
+		if got := code(s.ctx, true); got != s.want {
+			t.Errorf("per user %v: %v, want %v", s.ctx, got, s.want)
+		}
+	}
+
 	if r := grpclimit.NewRequest(context.Background(), "/grpc.testing.TestService/EmptyCall"); r.Route() != r.Path() || r.Method() != "POST" {
 		t.Errorf("Request: route %q, path %q, method %q", r.Route(), r.Path(), r.Method())
 	}
@@ -369,7 +400,9 @@ func TestUnaryConcurrency(t *testing.T) {
 func TestSkipAndFailure(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
-	store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+	// Down only when it cannot be reached: a busy machine's slow answer
+	// to the first call is not an outage.
+	store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), Timeout: time.Second, StallThreshold: -1})
 	lim, err := middleware.NewRules([]middleware.Rule{{Name: "all", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100).FixedWindow()}}},
 		middleware.WithStore(store), middleware.WithFailurePolicy(middleware.FailClosed))
 	if err != nil {

@@ -74,7 +74,9 @@ func BenchmarkRedis(b *testing.B) {
 // all slices), slice-%-min and slice-%-max (the lowest and highest share
 // of a single slice), each one's decisions/s and p99-µs. "keys-100k" cycles
 // through all 100,000 keys across the slices, each of which got one
-// decision from each before timing.
+// decision from each before timing. "cold" gives every decision a client
+// that neither has seen (a crawler, a launch: every key new, as right
+// after FLUSHALL).
 func BenchmarkRedisPaired(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c := srv.Client(b, redisOptions())
@@ -88,7 +90,18 @@ func BenchmarkRedisPaired(b *testing.B) {
 			b.Fatalf("%s: populating %d keys: %d errors, first: %v", e.name, len(many), errs, first)
 		}
 	}
-	for _, set := range []string{"hot", "keys-100k"} {
+	// cold hands out client addresses that neither has seen: from after
+	// the 100,000 populated ones on, for the "cold" case.
+	cold := distinctClients
+	coldKeys := func(n int) []string {
+		ks := make([]string, n)
+		for i := range ks {
+			ks[i] = ipv4(cold)
+			cold++
+		}
+		return ks
+	}
+	for _, set := range []string{"hot", "keys-100k", "cold"} {
 		keys := []string{hotIP}
 		if set == "keys-100k" {
 			keys = many
@@ -112,6 +125,11 @@ func BenchmarkRedisPaired(b *testing.B) {
 				var rate [2]float64
 				for j := range 2 {
 					k := (j + sl) % 2
+					if set == "cold" {
+						b.StopTimer()
+						ks = coldKeys(per)
+						b.StartTimer()
+					}
 					start := time.Now()
 					l, errs, first := runDecisions(redisConcurrency, per, entries[k].impl, ks)
 					d := time.Since(start)

@@ -35,6 +35,8 @@ type call struct {
 	nargs int
 	// slot is the hash slot of the first key, on a Cluster.
 	slot int
+	// dest is where the call goes, once routed.
+	dest *dest
 	// deadline is the caller's deadline, if it has one; timed is set when
 	// it is the one given to RunBy rather than the context's.
 	deadline    time.Time
@@ -217,6 +219,12 @@ func (c *call) complete(val any, err error) {
 // wait waits for the call's outcome or for ctx or the call's own deadline
 // (see RunBy) to end, whichever comes first, and drops the caller's
 // reference.
+//
+// The call's own deadline bounds how long its server takes, not how long
+// this process takes to read the reply: at the deadline, if the server is
+// answering (see dest.answering), the call waits on, a stall threshold at
+// a time, up to maxOverrun past the deadline. A process short of CPU may
+// not have run the lane that reads the reply although the reply is in.
 func (c *call) wait(ctx context.Context) (any, error) {
 	var cause error
 	select {
@@ -229,12 +237,20 @@ func (c *call) wait(ctx context.Context) (any, error) {
 			t.Reset(time.Until(c.deadline))
 			expired = t.C
 		}
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			cause = context.Cause(ctx)
-		case <-expired:
-			cause = context.DeadlineExceeded
+	waiting:
+		for {
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-expired:
+				if d := c.dest; d != nil && time.Since(c.deadline) < maxOverrun && d.answering() {
+					t.Reset(MinStallThreshold)
+					continue waiting
+				}
+				cause = context.DeadlineExceeded
+			}
+			break
 		}
 		if t != nil {
 			if !t.Stop() {
@@ -276,7 +292,7 @@ func (c *call) release() {
 	}
 	clear(c.args)
 	c.args = c.args[:0]
-	c.script, c.cmd, c.val, c.err, c.idx, c.merged = nil, nil, nil, nil, 0, false
+	c.script, c.cmd, c.val, c.err, c.idx, c.merged, c.dest = nil, nil, nil, nil, 0, false, nil
 	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
 	c.quiet = false
 	c.state.Store(pending)

@@ -13,6 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// directDialBound bounds the dials of a direct call through the clone
+// (see runDirect), below the 100 ms after which go-redis tries a failed
+// dial again.
+const directDialBound = 90 * time.Millisecond
+
 // maxStalledFactor bounds the lanes of a destination that are stuck in a
 // stalled batch, as a multiple of MaxInFlight: up to that many, each is
 // replaced at once by a fresh lane.
@@ -58,6 +63,13 @@ type dest struct {
 	// directs counts the direct calls in flight (see tryDirect); guarded
 	// by mu.
 	directs int
+	// verifying is set while a lane's stall timer has the server verified
+	// (see verify.go); lateAt is when this process was last seen late to
+	// read the server's replies. Both guarded by mu.
+	verifying bool
+	lateAt    time.Time
+	// watch is the connection of verifications.
+	watch watch
 	// clone, if not nil, is the client of direct calls (see setClient).
 	clone atomic.Pointer[redis.Client]
 }
@@ -95,6 +107,9 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 		d.startLaneLocked()
 	}
 	d.mu.Unlock()
+	if d.stallThresholdLocked() > 0 {
+		d.prepareWatch()
+	}
 	return d
 }
 
@@ -130,6 +145,7 @@ func (d *dest) close() {
 	d.queue = nil
 	d.mu.Unlock()
 	d.cond.Broadcast()
+	d.closeWatch()
 	for _, c := range queued {
 		c.complete(nil, ErrClosed)
 		c.release()
@@ -168,10 +184,9 @@ type lane struct {
 	busy    bool
 	stalled bool
 	start   time.Time
-	due     time.Time // when the batch stalls, if it does
-	// secondLook is set once the stall timer of the batch fired late and
-	// was armed again.
-	secondLook bool
+	// due is when the batch is taken as stalled unless the server answers
+	// a verification (see onTimer).
+	due time.Time
 	// timer calls onTimer when the batch in flight reaches its stall
 	// threshold.
 	timer *time.Timer
@@ -230,7 +245,7 @@ func (l *lane) run() {
 		more := len(d.queue) > 0
 		thr := d.stallThresholdLocked()
 		now := time.Now()
-		l.busy, l.start, l.secondLook = true, now, false
+		l.busy, l.start = true, now
 		d.lastUse = now
 		if thr > 0 {
 			l.due = now.Add(thr)
@@ -312,8 +327,20 @@ func (l *lane) exec(batch []*call) bool {
 	// The batch may take as long as its most patient caller waits. Clients
 	// that do not honour deadlines on reads still honour them while
 	// dialing, retrying and waiting for a connection.
+	// A caller may wait past its deadline while the server answers (see
+	// call.wait).
 	ctx := d.p.ctx
 	if all {
+		client := d.client.Load()
+		if client.Options().ContextTimeoutEnabled {
+			// The deadline also ends the batch's reads: a hung server
+			// keeps the connection no longer than the callers wait.
+			latest = later(latest, time.Now().Add(MaxStallThreshold))
+		} else {
+			// It bounds only dials, retries and waits for a
+			// connection, which a late process may take long for.
+			latest = later(latest, time.Now()).Add(maxOverrun)
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
@@ -511,8 +538,16 @@ func (d *dest) tryDirect(c *call) bool {
 			return false
 		}
 	}
+	now := time.Now()
+	if now.Sub(d.lateAt) < lateFor || p.busy(now) {
+		// This process is short of CPU, or was late to read replies
+		// lately: a direct call that times out for that loses its reply,
+		// while a lane's batch waits for it as long as the server
+		// answers.
+		return false
+	}
 	d.directs++
-	d.lastUse = time.Now()
+	d.lastUse = now
 	return true
 }
 
@@ -528,17 +563,24 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	// room for it), and when the deadline is further away otherwise.
 	client, run := d.clone.Load(), ctx
 	bounded := client != nil
-	if client == nil {
+	dl, ok := c.deadline, c.hasDeadline
+	if client != nil {
+		// The clone ends reads at directTimeout. A context deadline bounds
+		// go-redis's dials, which it tries five times, 100 ms apart, by
+		// default: without it a call to a server that refuses connections
+		// would wait 400 ms; with the caller's own, a dial slowed by a
+		// busy machine would fail the call.
+		dl, ok = time.Now().Add(max(d.p.directTimeout, directDialBound)), true
+	} else {
 		client = d.client.Load()
-		dl, ok := c.deadline, c.hasDeadline
 		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
 			dl, ok, bounded = time.Now().Add(t), true, true
 		}
-		if ok {
-			var cancel context.CancelFunc
-			run, cancel = context.WithDeadline(ctx, dl)
-			defer cancel()
-		}
+	}
+	if ok {
+		var cancel context.CancelFunc
+		run, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
 	}
 	if fn := d.p.cfg.OnBatch; fn != nil && !c.quiet {
 		fn(1)
@@ -547,26 +589,56 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	start := time.Now()
 	err := client.Process(run, c.cmd)
 	end := time.Now()
-	d.mu.Lock()
-	d.directs--
-	d.observeLocked(end.Sub(start), end)
-	d.mu.Unlock()
 	var ne net.Error
 	// A read or a context that timed out at directTimeout, not at the
 	// caller's own deadline nor because the caller left.
-	timedOut := (errors.As(err, &ne) && ne.Timeout()) || run.Err() != nil
+	// (A reply read after the deadline passed is a reply all the same.)
+	timedOut := err != nil && ((errors.As(err, &ne) && ne.Timeout()) || run.Err() != nil)
 	stalled := timedOut && bounded && ctx.Err() == nil
-	if (stalled || isConnError(err)) && d.p.ctx.Err() == nil {
+	d.mu.Lock()
+	d.directs--
+	if !stalled {
+		// (The time of a call that stalled tells nothing of the server's
+		// usual pace, which the verification below goes by.)
+		d.observeLocked(end.Sub(start), end)
+	}
+	d.mu.Unlock()
+	var v verdict
+	if stalled && d.p.ctx.Err() == nil {
+		// As for a batch: the server is down only if it does not answer
+		// a verification either.
+		if v = d.verify(end); v.answered {
+			d.noteLate()
+		}
+	}
+	open := d.p.ctx.Err() == nil
+	switch {
+	case open && stalled && v.answered:
+		// This process, or this connection, was too slow for the reply,
+		// which went with the connection: the call has none, but the
+		// server is up.
+		c.complete(nil, fmt.Errorf("redispipe: no reply read within %s although the server answers: %w",
+			end.Sub(start).Round(time.Millisecond), err))
+	case open && (stalled || isConnError(err)):
 		cause := err
 		if stalled {
-			cause = fmt.Errorf("%w: a call outstanding for %s: %w", ErrStalled, end.Sub(start).Round(time.Millisecond), err)
+			cause = fmt.Errorf("%w: a call outstanding for %s, and %s: %w",
+				ErrStalled, end.Sub(start).Round(time.Millisecond), v.describe(), err)
 		}
 		d.markDown(cause)
 		c.complete(nil, &unavailableError{dest: d.name, cause: cause})
-	} else {
+	default:
 		one := [1]*call{c}
 		d.finish(ctx, client, one[:])
 	}
 	c.release() // the destination's reference
 	return c.wait(ctx)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

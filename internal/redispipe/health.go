@@ -19,8 +19,8 @@ const (
 	// never waits longer than the interval after it or this, whichever is
 	// longer, except for a read from a client that ignores deadlines.
 	minProbeTimeout = 250 * time.Millisecond
-	// lagTolerance is how late a stall timer may fire before the lane gets
-	// a second look rather than a verdict.
+	// lagTolerance is how late a stall timer may fire before this process
+	// is taken as short of CPU.
 	lagTolerance = 5 * time.Millisecond
 )
 
@@ -41,6 +41,9 @@ func (e *unavailableError) Is(target error) bool { return target == ErrUnavailab
 func (e *unavailableError) Unwrap() error { return e.cause }
 
 // onTimer runs when the lane's batch may have reached its stall threshold.
+// The destination is marked down only if its server does not answer a
+// verification either (see verify.go); if it does, the batches
+// outstanding are late, not lost, and get another stall threshold.
 func (l *lane) onTimer() {
 	d := l.d
 	d.mu.Lock()
@@ -48,24 +51,99 @@ func (l *lane) onTimer() {
 		d.mu.Unlock()
 		return
 	}
-	late := -time.Until(l.due)
-	if late < 0 {
-		// The timer was armed for an earlier batch.
+	now := time.Now()
+	if wait := l.due.Sub(now); wait > 0 {
+		// The timer was armed for an earlier batch, or the batch was
+		// given more time.
 		d.mu.Unlock()
-		l.timer.Reset(-late)
+		l.timer.Reset(wait)
 		return
 	}
-	if late > lagTolerance && !l.secondLook {
-		// The timer fired late: this process was short of CPU, and the
-		// lane may not have run to see its reply yet. Look again shortly.
-		l.secondLook = true
+	if now.Sub(l.due) > lagTolerance {
+		// The timer itself fired late: this process is short of CPU.
+		d.lateAt = now
+	}
+	if d.verifying {
+		// Another lane's timer is verifying the server; its verdict
+		// holds for this batch too. Look again once it is in.
+		l.due = now.Add(lagTolerance)
 		d.mu.Unlock()
 		l.timer.Reset(lagTolerance)
 		return
 	}
-	n, took := len(l.batch), time.Since(l.start)
+	d.verifying = true
+	n, took := len(l.batch), now.Sub(l.start)
 	d.mu.Unlock()
-	d.markDown(fmt.Errorf("%w: %d calls outstanding for %s", ErrStalled, n, took.Round(time.Millisecond)))
+
+	v := d.verify(now.Add(-lagTolerance))
+
+	d.mu.Lock()
+	d.verifying = false
+	if !v.answered {
+		d.mu.Unlock()
+		d.markDown(fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrStalled, n, took.Round(time.Millisecond), v.describe()))
+		return
+	}
+	// The server answers: whatever keeps the replies of the batches
+	// outstanding (this process being late to read them, most likely),
+	// it is not the server being down.
+	now = time.Now()
+	d.lateAt = now
+	thr := d.stallThresholdLocked()
+	var again []*lane
+	for _, o := range d.lanes {
+		if o.busy && !o.stalled && !o.due.After(now) {
+			o.due = now.Add(thr)
+			again = append(again, o)
+		}
+	}
+	d.mu.Unlock()
+	for _, o := range again {
+		o.timer.Reset(thr)
+	}
+}
+
+// maxOverrun bounds how long a call may wait past its deadline (that of
+// RunBy) while its destination's server answers (see call.wait).
+const maxOverrun = time.Second
+
+// answering reports whether the destination is up and its server answered
+// a verification lately (within the stall threshold), asking it now if
+// not. A server that does not answer is marked down. It is false when
+// stall detection is off.
+func (d *dest) answering() bool {
+	d.mu.Lock()
+	thr := d.stallThresholdLocked()
+	if d.down || d.closed || thr <= 0 {
+		d.mu.Unlock()
+		return false
+	}
+	d.mu.Unlock()
+	now := time.Now()
+	v := d.verify(now.Add(-thr))
+	if !v.answered {
+		if d.p.ctx.Err() == nil {
+			d.markDown(fmt.Errorf("%w: a call outstanding past its deadline, and %s", ErrStalled, v.describe()))
+		}
+		return false
+	}
+	d.noteLate()
+	return true
+}
+
+// noteLate records that this process was seen late to read replies.
+func (d *dest) noteLate() {
+	d.mu.Lock()
+	d.lateAt = time.Now()
+	d.mu.Unlock()
+}
+
+// describe says, for the cause of a stall, what the verification found.
+func (v verdict) describe() string {
+	if v.err != nil {
+		return fmt.Sprintf("no PING could be sent to it (%v)", v.err)
+	}
+	return fmt.Sprintf("no answer to a PING within %s", v.wait)
 }
 
 // markDown marks the destination down for cause, unless it is already,

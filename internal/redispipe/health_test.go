@@ -20,6 +20,10 @@ const (
 	callerTimeout = 100 * time.Millisecond
 	// slowCall is a wait that counts as not failing fast.
 	slowCall = 50 * time.Millisecond
+	// hungCall is the longest a call may wait for a server that hangs:
+	// the stall threshold, then a PING that goes unanswered (verifyWait
+	// on a quiet machine), and some slack.
+	hungCall = 100 * time.Millisecond
 	// handful is how many calls may wait longer than slowCall when a
 	// destination goes down: those of the batches in flight and queued,
 	// and stragglers of a busy machine.
@@ -135,7 +139,9 @@ func firstSuccess(p *Pipeliner, key string, within time.Duration) (time.Time, bo
 }
 
 // TestStallMarksDown hangs the server (SIGSTOP) under load: calls must
-// fail fast with ErrUnavailable after the first stall, and the server must
+// fail fast with ErrUnavailable after the first stall (a batch outstanding
+// past the stall threshold and a PING unanswered), none may wait more
+// than hungCall, and the server must
 // be used again soon after it resumes. The client has go-redis's default
 // options, whose ReadTimeout is 3 s.
 func TestStallMarksDown(t *testing.T) {
@@ -169,13 +175,13 @@ func TestStallMarksDown(t *testing.T) {
 		// Calls that started while the server was paused; a call's start
 		// is its end minus its duration, which the outcome lacks, so keep
 		// the failures and the slow calls, which can only be those.
-		if o.err != nil || o.took > slowCall {
+		if o.err != nil || o.took > hungCall {
 			during = append(during, o)
 		}
 	}
-	s := summarize(during, slowCall, func(string) bool { return true })
+	s := summarize(during, hungCall, func(string) bool { return true })
 	t.Logf("while paused: %d calls failed fast or were slow: %d unavailable, %d at their deadline, %d other errors, %d waited more than %s (p50 %s, max %s); worst scheduling lag %s",
-		s.calls, s.unavailable, s.late, s.other, s.slow, slowCall, percentile(s.latencies, 0.5), percentile(s.latencies, 1), lag.Max())
+		s.calls, s.unavailable, s.late, s.other, s.slow, hungCall, percentile(s.latencies, 0.5), percentile(s.latencies, 1), lag.Max())
 	if s.unavailable == 0 {
 		t.Error("no call failed with ErrUnavailable while the server was paused")
 	}
@@ -186,7 +192,7 @@ func TestStallMarksDown(t *testing.T) {
 		lag.timing(t, "%d calls waited for their deadline", s.late)
 	}
 	if s.slow > handful {
-		lag.timing(t, "%d calls waited more than %s for a hung server", s.slow, slowCall)
+		lag.timing(t, "%d calls waited more than %s for a hung server", s.slow, hungCall)
 	}
 
 	up, ok := firstSuccess(p, keys[0], 2*time.Second)
@@ -199,7 +205,7 @@ func TestStallMarksDown(t *testing.T) {
 		t.Fatalf("state changes %+v, want down (stalled), ..., up", ev)
 	}
 	t.Logf("marked down %s after the pause", ev[0].at.Sub(pausedAt).Round(time.Millisecond))
-	if d := ev[0].at.Sub(pausedAt); d > slowCall {
+	if d := ev[0].at.Sub(pausedAt); d > hungCall {
 		lag.timing(t, "marked down %s after the pause", d)
 	}
 	// The pause may have ended a while before the last changes: a batch

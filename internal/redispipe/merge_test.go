@@ -195,6 +195,9 @@ func TestDirectCalls(t *testing.T) {
 				c.AddHook(h)
 			}
 			p := newPipeliner(t, c, Config{})
+			// Other tests may keep this process short of CPU, which
+			// would turn direct calls off.
+			p.busy = func(time.Time) bool { return false }
 			const n = 20
 			for i := 0; i < n; i++ {
 				cx, cancel := ctx, context.CancelFunc(func() {})
@@ -225,8 +228,9 @@ func TestDirectCalls(t *testing.T) {
 
 // TestDirectCallStall hangs the server (SIGSTOP) and makes one call at a
 // time with a client at go-redis's default options (ReadTimeout 3 s), as
-// direct calls: the first must give up after the stall threshold, not
-// after ReadTimeout or its own deadline, and mark the server down; those
+// direct calls: the first must give up after the stall threshold and an
+// unanswered PING, not after ReadTimeout or its own deadline, and mark the
+// server down; those
 // after it fail at once; once the server resumes, calls succeed again.
 func TestDirectCallStall(t *testing.T) {
 	t.Parallel()
@@ -246,7 +250,7 @@ func TestDirectCallStall(t *testing.T) {
 		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrStalled) {
 			t.Fatalf("call %d on a hung server: %v, want ErrUnavailable (ErrStalled)", i, err)
 		}
-		if limit := MaxStallThreshold + slowCall; took > limit {
+		if limit := MaxStallThreshold + verifyWait + slowCall; took > limit {
 			t.Errorf("call %d on a hung server took %s, more than %s", i, took, limit)
 		}
 	}
@@ -300,7 +304,7 @@ func TestRunByDeadline(t *testing.T) {
 // deadlines, that a direct call to a hung server ending at its caller's own
 // deadline (shorter than the stall threshold) fails that call without
 // marking the server down, and that one with a longer deadline marks it
-// down at the stall threshold.
+// down at the stall threshold, once a PING went unanswered too.
 func TestDirectCallDeadline(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
@@ -319,8 +323,9 @@ func TestDirectCallDeadline(t *testing.T) {
 	}
 	start = time.Now()
 	_, err = p.RunBy(ctx, start.Add(time.Second), batchDecide, []string{key}, decideArgs...)
-	if took := time.Since(start); !errors.Is(err, ErrStalled) || took > MaxStallThreshold+slowCall {
-		t.Errorf("call with 1 s to wait: %v after %s, want a stall at %s", err, took, MaxStallThreshold)
+	if took := time.Since(start); !errors.Is(err, ErrStalled) || took > MaxStallThreshold+verifyWait+slowCall {
+		t.Errorf("call with 1 s to wait: %v after %s, want a stall at %s and no answer to a PING within %s",
+			err, took, MaxStallThreshold, verifyWait)
 	}
 	if ev := log.list(); len(ev) != 1 || ev[0].up || !errors.Is(ev[0].cause, ErrStalled) {
 		t.Errorf("state changes %s, want down (stalled)", describe(ev))

@@ -27,8 +27,10 @@
 // flight) is sent by its caller itself, saving the hand-off to a lane and
 // back, which is most of what the pipeline would add to the round trip of
 // one call at a time. A direct call gives up after the stall threshold
-// (MaxStallThreshold when it is adaptive) and marks the destination down,
-// as a lane does, whatever the client's ReadTimeout: with a client without
+// (MaxStallThreshold when it is adaptive) and marks the destination down
+// unless the server answers a PING, as a lane does, whatever the client's
+// ReadTimeout, with a context deadline that also bounds go-redis's dials
+// and their retries (five, 100 ms apart, by default): with a client without
 // Options.ContextTimeoutEnabled it goes through a clone of the client
 // (Client.WithTimeout) that shares its pool, to which go-redis gives none
 // of the client's hooks, and only when the caller's deadline leaves room
@@ -55,8 +57,19 @@
 // # Health
 //
 // A destination is marked down when one of its batches has been
-// outstanding for longer than the stall threshold (Config.StallThreshold),
-// or when a batch fails with a connection error. Calls for a destination
+// outstanding for longer than the stall threshold (Config.StallThreshold)
+// and its server does not answer a PING either, or when a batch fails with
+// a connection error. The PING goes on a connection of the destination's
+// own, outside the client's pool, and the server has 25 ms (or twice its
+// recent slowest batch time, at most 100 ms) to answer; whether it did is
+// read from the socket without waiting, so that a process short of CPU,
+// whose goroutines run late, does not take a server that answers for one
+// that stopped. A server that answers leaves its batches outstanding: they
+// are late, not lost. For the same reason, a call's own deadline (that of
+// RunBy) is extended, a stall threshold at a time and up to a second, while
+// its server answers such a PING, and no call is sent directly while this
+// process has more goroutines waiting to run than processors, or was seen
+// late to read replies in the last two seconds. Calls for a destination
 // that is down fail at once with an error that wraps ErrUnavailable and the
 // cause, and so do the calls queued or in flight to it when it goes down.
 // Other destinations carry on. A down destination is probed, first after
@@ -140,10 +153,11 @@ type Config struct {
 	// no history yet. A negative value turns stall detection off;
 	// connection errors still mark destinations down.
 	//
-	// A batch that was only slow, not lost, marks its destination up again
-	// as soon as it is answered. On a host so short of CPU that this
-	// process or the server is not scheduled for tens of milliseconds,
-	// that can happen: set a longer threshold there.
+	// A batch outstanding past the threshold marks its destination down
+	// only if the server does not answer a PING either (see the package
+	// documentation): this process being late to read a reply is not the
+	// server stalling. A batch that was only slow, not lost, marks its
+	// destination up again as soon as it is answered.
 	StallThreshold time.Duration
 	// ProbeInterval is the wait before the first probe of a destination
 	// that went down; it doubles after each failed probe, up to
@@ -194,6 +208,9 @@ type Pipeliner struct {
 	send func(d *dest, ctx context.Context, sent []*call) bool
 	// noDirect turns direct calls off (see tryDirect).
 	noDirect bool
+	// busy reports whether this process is short of CPU (processBusy;
+	// tests of direct calls replace it).
+	busy func(now time.Time) bool
 	// directTimeout bounds the network reads and writes of a direct call;
 	// zero means that direct calls are made only when go-redis honours
 	// the caller's deadline itself.
@@ -228,7 +245,7 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 	if cfg.MaxProbeInterval < cfg.ProbeInterval {
 		return nil, fmt.Errorf("redispipe: MaxProbeInterval %s is shorter than ProbeInterval %s", cfg.MaxProbeInterval, cfg.ProbeInterval)
 	}
-	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest)}
+	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest), busy: processBusy}
 	switch t := cfg.StallThreshold; {
 	case t > 0:
 		p.directTimeout = t
@@ -311,6 +328,7 @@ func (p *Pipeliner) run(ctx context.Context, deadline time.Time, quiet bool, scr
 		return nil, err
 	}
 	c := newCall(ctx, deadline, script, keys, args)
+	c.dest = d
 	c.quiet = quiet
 	if p.kind == kindCluster {
 		c.slot = Slot(keys[0])

@@ -47,6 +47,9 @@ local function one(req, key)
     now = clock
   end
   local v = redis.call('HGET', key, field)
+  -- fresh: the bucket does not exist yet, so it gets a plain PEXPIRE
+  -- (GT leaves a key without an expiry alone).
+  local fresh = not v and redis.call('EXISTS', key) == 0
   local s, p, c, at, rem, exp, value
   local limit, w, r, b0, b1, b2, b3, rate, burst, win
   if code == '0' then
@@ -265,7 +268,6 @@ local function one(req, key)
     else
       value = pack('<Bi6i6d', 70, exp, s, c)
     end
-    local fresh = not v and redis.call('EXISTS', key) == 0
     redis.call('HSET', key, field, value)
     local ttl = max(1, exp - now)
     if fresh then
@@ -273,8 +275,9 @@ local function one(req, key)
     else
       redis.call('PEXPIRE', key, ttl, 'GT')
     end
-  elseif op == 'L' and redis.call('PTTL', key) == -1 then
-    -- Only the holders were written, to a bucket that has no expiry yet.
+  elseif op == 'L' and fresh then
+    -- Only the holders were written, to a new bucket: they matter until
+    -- the lease ends.
     local _, _, _, _, untl = unpack('<i8i8i8i8i8', req, a)
     redis.call('PEXPIRE', key, max(1, untl - now))
   end

@@ -162,6 +162,11 @@ func TestFleetClusterAndClock(t *testing.T) {
 	if rep.Granted != 20 || rep.Servers != 1 || rep.Now < now-5000 || rep.Now > now+5000 {
 		t.Fatalf("lease: %+v", rep)
 	}
+	// The bucket lives as long as its counter matters (two windows), not
+	// only as long as the lease.
+	if ttl := client.PTTL(context.Background(), string(s.appendKey(nil, c.Key))).Val(); ttl < 100*time.Second {
+		t.Fatalf("bucket expires in %s, want about two minutes", ttl)
+	}
 	_, d := take(t, s, time.Time{}, c)
 	if d.Remaining != 79 {
 		t.Fatalf("exact decision after a lease of 20: remaining %d, want 79", d.Remaining)

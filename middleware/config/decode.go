@@ -31,7 +31,7 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced"}
 	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
@@ -165,6 +165,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	// The rule's algorithm and time zone are defaults for its limits, so
 	// limits and plans are decoded once every field has been seen.
 	var defaults limitDefaults
+	var sf syncFields
 	d.fields(n, path, ruleFields, func(field string, v *yaml.Node) {
 		fpath := path + "." + field
 		switch field {
@@ -241,6 +242,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			allow = d.allow(v, fpath)
 		case "plans":
 			plansNode = v
+		case "sync", "lease", "sync_interval", "max_unsynced":
+			d.syncField(&sf, field, v, fpath)
 		case "adaptive_concurrency": // overload.go
 			r.AdaptiveConcurrency = d.adaptiveConcurrency(v, fpath)
 		case "priority":
@@ -277,6 +280,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 		return r, nameNode, false
 	}
 	r.Limits = limits
+	d.checkSync(&sf, &r, limits, plans, path)
 
 	// Checks that span fields.
 	d.checkOverload(&r, overageNode, path)

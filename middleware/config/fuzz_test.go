@@ -54,6 +54,8 @@ func FuzzParse(f *testing.F) {
 			"    plans: {pro: [{requests: 500, window: 1m}]}\n    allow: {cidrs: [10.0.0.0/8]}\n",
 		"base: &b {key: ip, limits: [{requests: 1, window: 1m}]}\nrules: [{<<: *b, name: a}]",
 		"rules: &r [*r]",
+		"rules: [{name: a, key: ip, sync: lease, lease: 20, sync_interval: 250ms, limits: [{requests: 100, window: 1m}]}, " +
+			"{name: b, key: ip, sync: write_back, max_unsynced: 5, limits: [{requests: 10, window: 1s, algorithm: token_bucket}]}]",
 		"rules:\n  - name: a\n   key: ip\n",
 		"rules: [{name: a, key: \"header:X-Tenant+method\", match: {path: /a/*/b}, limits: [{requests: 9007199254740, window: 125ms}]}]",
 		"rules: [{name: a, key: ip, priority: high, limits: [{requests: 2, window: 1s, ceiling: 5}]}, {name: b, adaptive_concurrency: {min: 1, max: 3}}]",

@@ -39,8 +39,25 @@ type RedisSource struct {
 // Name returns "redis:" and the key.
 func (s *RedisSource) Name() string { return "redis:" + s.Key }
 
+// keyShape says what a rules document's key must hold, for the errors of
+// a key that holds something else.
+const keyShape = "a hash with the field doc (the rules document) and the field version (any text that changes with the document), " +
+	"as config.PublishRedis or the redis-cli recipe of docs/rules-sources.md writes it"
+
 // errNoDocument is returned when the key holds no document.
-var errNoDocument = errors.New("no rules document at the key (publish one with config.PublishRedis)")
+var errNoDocument = errors.New("no rules document at the key: want " + keyShape)
+
+// shapeError explains err, an error of reading key, if the key holds
+// another type than a hash.
+func (s *RedisSource) shapeError(ctx context.Context, err error) error {
+	if !redis.HasErrorPrefix(err, "WRONGTYPE") {
+		return err
+	}
+	if t, terr := s.Client.Type(ctx, s.Key).Result(); terr == nil {
+		return fmt.Errorf("key %s holds a %s, want %s", s.Key, t, keyShape)
+	}
+	return fmt.Errorf("key %s holds another type than a hash (%w), want %s", s.Key, err, keyShape)
+}
 
 // Load reads the document if its version changed since the last Load.
 func (s *RedisSource) Load(ctx context.Context) ([]byte, string, error) {
@@ -53,14 +70,14 @@ func (s *RedisSource) Load(ctx context.Context) ([]byte, string, error) {
 		case errors.Is(err, redis.Nil):
 			return nil, "", errNoDocument
 		case err != nil:
-			return nil, "", err
+			return nil, "", s.shapeError(ctx, err)
 		case v == last:
 			return nil, "", ErrNotModified
 		}
 	}
 	vals, err := s.Client.HMGet(ctx, s.Key, redisDocField, redisVersionField).Result()
 	if err != nil {
-		return nil, "", err
+		return nil, "", s.shapeError(ctx, err)
 	}
 	doc, ok1 := vals[0].(string)
 	version, ok2 := vals[1].(string)

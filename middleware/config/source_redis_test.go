@@ -2,6 +2,8 @@ package config_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -151,5 +153,101 @@ func TestRedisSourceDown(t *testing.T) {
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisCLIRecipe runs the redis-cli command of docs/rules-sources.md
+// that publishes a rules file, for real, and checks that app servers
+// watching the key take the new rules.
+func TestRedisCLIRecipe(t *testing.T) {
+	t.Parallel()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Skip("redis-cli is not installed")
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "rules-sources.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "<!-- publish-recipe -->\n```sh\n")
+	recipe, _, ok2 := strings.Cut(after, "\n```")
+	if !ok || !ok2 {
+		t.Fatal("docs/rules-sources.md has no publish recipe")
+	}
+	args, file, ok := strings.Cut(strings.TrimPrefix(recipe, "redis-cli "), " < ")
+	if !ok {
+		t.Fatalf("recipe %q: want redis-cli ... < FILE", recipe)
+	}
+	// The script is the one quoted argument; the key and the file are
+	// this test's.
+	pre, rest, _ := strings.Cut(args, ` "`)
+	script, post, _ := strings.Cut(rest, `" `)
+	fields := strings.Fields(post)
+	if pre != "-x EVAL" || len(fields) != 2 || fields[0] != "1" || fields[1] != "sluice:rules" || file != "rules.yaml" {
+		t.Fatalf("recipe %q does not have the expected form", recipe)
+	}
+
+	srv := redistest.Standalone(t)
+	client := srv.Client(t, nil)
+	key := srv.Prefix(t) + "rules"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	publish := func(doc string) string {
+		t.Helper()
+		host, port, _ := strings.Cut(srv.Addr(), ":")
+		cmd := exec.Command(cli, "-h", host, "-p", port, "-x", "EVAL", script, "1", key)
+		cmd.Stdin = strings.NewReader(doc)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", cmd, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	publish(rulesDoc(1))
+	rl, err := openRedis(t, client, key, config.SourceOptions{Interval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := admitted(rl.Limiter(), 3, "192.0.2.1"); got != 1 {
+		t.Errorf("first document: %d admitted, want 1", got)
+	}
+	go rl.Watch(ctx, 0, nil)
+	if _, ok := waitFor(5*time.Second, func() bool {
+		n, _ := client.PubSubNumSub(ctx, key).Result()
+		return n[key] == 1
+	}); !ok {
+		t.Fatal("the server did not subscribe")
+	}
+	version := publish(rulesDoc(3))
+	if took, ok := waitFor(time.Second, func() bool { return rl.Status().SourceVersion == version }); !ok {
+		t.Fatalf("the published document was not in force after %v", took)
+	}
+	if got := admitted(rl.Limiter(), 4, "192.0.2.2"); got != 3 {
+		t.Errorf("second document: %d admitted, want 3", got)
+	}
+}
+
+// TestRedisSourceWrongType: a key that holds something else than the hash
+// of a rules document fails with an error that says what it holds and
+// what it must hold.
+func TestRedisSourceWrongType(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	client := srv.Client(t, nil)
+	key := srv.Prefix(t) + "rules"
+	if err := client.Set(context.Background(), key, rulesDoc(1), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := openRedis(t, client, key, config.SourceOptions{})
+	if err == nil {
+		t.Fatal("a string key loaded as rules")
+	}
+	for _, want := range []string{key + " holds a string", "want a hash with the field doc", "field version"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if _, err := openRedis(t, client, key+"-none", config.SourceOptions{}); err == nil || !strings.Contains(err.Error(), "want a hash with the field doc") {
+		t.Errorf("a missing key: %v", err)
 	}
 }

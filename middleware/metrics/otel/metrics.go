@@ -43,6 +43,12 @@
 //	sluice.spare_capacity          Float64Gauge                  1          rule           sluice_spare_capacity
 //	sluice.elastic.limit           Int64Gauge                    {request}  rule, policy   sluice_elastic_limit
 //	sluice.shed                    Int64Counter                  {request}  rule, priority sluice_shed_total
+//	sluice.sync.unsynced           Int64Counter                  {unit}     rule           sluice_sync_unsynced_total
+//	sluice.sync.flush.duration     Float64Histogram              s                         sluice_sync_flush_duration_seconds
+//	sluice.sync.flush.errors       Int64Counter                  {run}                     sluice_sync_flush_errors_total
+//	sluice.sync.lease.granted      Int64Counter                  {unit}     rule           sluice_sync_lease_granted_total
+//	sluice.sync.gave_back          Int64Counter                  {unit}     rule           sluice_sync_gave_back_total
+//	sluice.sync.dropped            Int64Counter                  {unit}     rule           sluice_sync_dropped_total
 //	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
 //	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
 //	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
@@ -124,6 +130,12 @@ var MetricNames = []string{
 	SpareCapacity,
 	ElasticLimit,
 	Shed,
+	SyncUnsynced,
+	SyncFlushDuration,
+	SyncFlushErrors,
+	SyncLeaseGranted,
+	SyncGaveBack,
+	SyncDropped,
 	BansStarted,
 	Bans,
 	Overrides,
@@ -236,6 +248,7 @@ type Metrics struct {
 	watched      map[*watch]struct{}
 
 	capacity capacityInstruments // capacity.go
+	sync     syncInstruments     // sync.go
 	clients  clientInstruments   // clients.go
 }
 
@@ -329,6 +342,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		metric.WithDescription("Requests holding concurrency slots."))
 	check(err)
 	check(m.initCapacity(meter))
+	check(m.initSync(meter))
 	check(m.initClients(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)

@@ -34,6 +34,12 @@ var prometheusMetrics = map[string]struct {
 	"sluice_queue_waiting":               {dto.MetricType_GAUGE, nil},
 	"sluice_concurrency_slots_held":      {dto.MetricType_GAUGE, nil},
 	"sluice_rules_reloads_total":         {dto.MetricType_COUNTER, []string{"result"}},
+	"sluice_sync_unsynced_total":         {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_flush_duration_seconds": {dto.MetricType_HISTOGRAM, nil},
+	"sluice_sync_flush_errors_total":     {dto.MetricType_COUNTER, nil},
+	"sluice_sync_lease_granted_total":    {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_gave_back_total":        {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_dropped_total":          {dto.MetricType_COUNTER, []string{"rule"}},
 	"sluice_bans_total":                  {dto.MetricType_COUNTER, []string{"rule"}},
 	"sluice_bans_in_force":               {dto.MetricType_GAUGE, nil},
 	"sluice_overrides_in_force":          {dto.MetricType_GAUGE, nil},
@@ -65,6 +71,7 @@ func TestPrometheusNames(t *testing.T) {
 	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
+	syncEvents(m)
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
 

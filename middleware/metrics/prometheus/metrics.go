@@ -33,6 +33,12 @@
 //	sluice_spare_capacity{rule}            gauge      spare capacity, 0 to 1 (rule="" for elastic limits' signal)
 //	sluice_elastic_limit{rule,policy}      gauge      limit in force of an elastic limit
 //	sluice_shed_total{rule,priority}       counter    requests refused by an adaptive concurrency limit
+//	sluice_sync_unsynced_total{rule}       counter    units admitted in memory in write_back mode
+//	sluice_sync_flush_duration_seconds     histogram  runs of the syncer of lease and write_back rules
+//	sluice_sync_flush_errors_total         counter    runs of the syncer with a failed call
+//	sluice_sync_lease_granted_total{rule}  counter    units leased in lease mode
+//	sluice_sync_gave_back_total{rule}      counter    leased units not used and given back
+//	sluice_sync_dropped_total{rule}        counter    units of evicted counters the fleet's count misses
 //	sluice_bans_total{rule}                counter    clients banned by a limit with a ban
 //	sluice_bans_in_force                   gauge      bans in force (the fleet's, with Redis)
 //	sluice_overrides_in_force              gauge      per-client overrides in force (the fleet's, with Redis)
@@ -101,6 +107,12 @@ var MetricNames = []string{
 	SpareCapacity,
 	ElasticLimit,
 	ShedTotal,
+	SyncUnsyncedTotal,
+	SyncFlushDuration,
+	SyncFlushErrors,
+	SyncLeaseGranted,
+	SyncGaveBackTotal,
+	SyncDroppedTotal,
 	BansTotal,
 	Bans,
 	Overrides,
@@ -197,6 +209,7 @@ type Metrics struct {
 	sourceFailures, sourceLoaded prometheus.Gauge
 
 	capacity capacityMetrics // capacity.go
+	sync     syncMetrics     // sync.go
 	clients  clientMetrics   // clients.go
 }
 
@@ -286,6 +299,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			[]string{"result"}, cl),
 	}
 	m.capacity = newCapacityMetrics(cl)
+	m.sync = newSyncMetrics(cl)
 	m.clients = newClientMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
@@ -420,6 +434,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.sourceLoaded.Describe(ch)
 	m.batchSize.Describe(ch)
 	m.capacity.describe(ch)
+	m.sync.describe(ch)
 	m.clients.describe(ch)
 }
 
@@ -442,6 +457,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.sourceLoaded.Collect(ch)
 	m.batchSize.Collect(ch)
 	m.capacity.collect(ch)
+	m.sync.collect(ch)
 	m.clients.collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 

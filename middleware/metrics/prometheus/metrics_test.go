@@ -542,6 +542,7 @@ func TestMetricNames(t *testing.T) {
 	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
 	m.ElasticChanged(middleware.ElasticEvent{Rule: "api", Policy: "api", Limit: 10, Ceiling: 50, Effective: 30})
 	m.Shed("api", middleware.PrioritySheddable)
+	syncEvents(m)
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
 

@@ -1,0 +1,280 @@
+package fleetstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/redispipe"
+	"github.com/sluicehq/sluice/internal/redisstore"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// t0 is the instant traces start at: a whole second, so that fixed
+// windows of 1 s start with the trace.
+var t0 = time.UnixMilli(1_800_000_000_000)
+
+// server is one app server: its own client, exact store and layer.
+type server struct {
+	exact *redisstore.Store
+	layer *Store
+}
+
+func newServer(t testing.TB, client redis.Scripter, prefix string, rules map[string]Settings, ev Events) *server {
+	t.Helper()
+	rs, err := redisstore.New(client, redisstore.Config{Prefix: prefix, Timeout: 5 * time.Second, Pipeline: redispipe.Config{StallThreshold: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	fs, err := New(Config{Backend: rs, Exact: rs, ID: redisstore.FleetID, Manual: true, Timeout: 5 * time.Second, Events: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.SetRules(rules)
+	return &server{exact: rs, layer: fs}
+}
+
+// req is one request of a trace.
+type req struct {
+	at     int64 // ms after t0
+	server int
+	key    int
+}
+
+// trace returns the requests of a load: total requests spread over dur ms
+// among servers and keys.
+func trace(load string, servers, keys, total int, dur, win int64, seed uint64) []req {
+	r := rand.New(rand.NewPCG(seed, 1))
+	out := make([]req, 0, total)
+	for i := 0; i < total; i++ {
+		q := req{at: r.Int64N(dur), server: r.IntN(servers), key: r.IntN(keys)}
+		switch load {
+		case "hot":
+			if r.IntN(10) < 8 {
+				q.server = 0
+			}
+		case "edges":
+			// Bursts in the last and first 5 % of each window.
+			w, edge := q.at/win*win, win/20
+			if r.IntN(2) == 0 {
+				q.at = w + win - 1 - r.Int64N(edge)
+			} else {
+				q.at = w + r.Int64N(edge)
+			}
+		}
+		out = append(out, q)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].at < out[j].at })
+	return out
+}
+
+// run plays tr on the servers, syncing every interval, and returns which
+// requests were admitted.
+func run(t *testing.T, srv []*server, tr []req, l window.Limit, interval int64) []bool {
+	t.Helper()
+	ctx := context.Background()
+	ok := make([]bool, len(tr))
+	next := interval
+	out := make([]window.Decision, 1)
+	for i, q := range tr {
+		for q.at >= next {
+			for _, s := range srv {
+				s.layer.Sync(ctx, t0.Add(time.Duration(next)*time.Millisecond), false)
+			}
+			next += interval
+		}
+		c := []window.Charge{{Key: fmt.Sprint("k", q.key), Name: "r", Limit: l, Cost: 1}}
+		a, err := srv[q.server].layer.Take(ctx, t0.Add(time.Duration(q.at)*time.Millisecond), c, out)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		ok[i] = a
+	}
+	return ok
+}
+
+// replay decides tr exactly, in memory, as exact mode would.
+func replay(tr []req, l window.Limit) []bool {
+	st := map[int]*window.State{}
+	ok := make([]bool, len(tr))
+	out := make([]window.Decision, 1)
+	for i, q := range tr {
+		s := st[q.key]
+		if s == nil {
+			s = &window.State{}
+			st[q.key] = s
+		}
+		states := []window.State{*s}
+		ok[i] = window.Take(states, t0.UnixMilli()+q.at, []window.Charge{{Key: "k", Limit: l, Cost: 1}}, out)
+		*s = states[0]
+	}
+	return ok
+}
+
+// mostInAnyWindow returns, per key, the most admitted requests in any
+// interval of win ms, or, if aligned, in any of the windows of win ms
+// aligned to the key's first admitted request (the windows of a sliding
+// window's counter under steady load; fixed windows, since traces start
+// in the first millisecond of one).
+func mostInAnyWindow(tr []req, ok []bool, win int64, aligned, epoch bool) int {
+	byKey := map[int][]int64{}
+	for i, q := range tr {
+		if ok[i] {
+			byKey[q.key] = append(byKey[q.key], q.at)
+		}
+	}
+	most := 0
+	for _, ats := range byKey {
+		if aligned {
+			n := map[int64]int{}
+			for _, at := range ats {
+				k := at / win
+				if !epoch {
+					k = (at - ats[0]) / win
+				}
+				n[k]++
+				most = max(most, n[k])
+			}
+			continue
+		}
+		j := 0
+		for i := range ats {
+			for ats[i]-ats[j] >= win {
+				j++
+			}
+			most = max(most, i-j+1)
+		}
+	}
+	return most
+}
+
+func count(ok []bool) int {
+	n := 0
+	for _, a := range ok {
+		if a {
+			n++
+		}
+	}
+	return n
+}
+
+// TestFleetBounds plays traces on 1, 4 and 16 app servers, each with its
+// own client, on one key and on many, with limits of 10 and 1,000, under
+// uniform load, one hot server and bursts at window edges, and checks each
+// mode's stated bound per window and its false denials against an exact
+// replay of the same trace.
+func TestFleetBounds(t *testing.T) {
+	t.Parallel()
+	srvR := redistest.Shared(t)
+	// Windows of 10 s: counters expire in Redis's real time, which a
+	// trace played faster than its fake clock must not outrun.
+	const win, interval = 10_000, 1000
+	type cfg struct {
+		mode    fleet.Mode
+		alg     window.Algorithm
+		servers int
+		keys    int
+		limit   int
+		load    string
+	}
+	var cases []cfg
+	for _, mode := range []fleet.Mode{fleet.Lease, fleet.WriteBack} {
+		for _, servers := range []int{1, 4, 16} {
+			for _, limit := range []int{10, 1000} {
+				for _, load := range []string{"uniform", "hot", "edges"} {
+					keys := 1
+					if load == "uniform" {
+						keys = 3
+					}
+					cases = append(cases, cfg{mode, window.SlidingWindow, servers, keys, limit, load})
+				}
+			}
+		}
+		for _, alg := range []window.Algorithm{window.FixedWindow, window.TokenBucket} {
+			cases = append(cases, cfg{mode, alg, 4, 1, 1000, "edges"}, cfg{mode, alg, 4, 3, 10, "uniform"})
+		}
+	}
+	for _, tc := range cases {
+		name := fmt.Sprintf("%s/%s/%d-servers/%d-keys/limit-%d/%s", tc.mode, tc.alg, tc.servers, tc.keys, tc.limit, tc.load)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			l := window.Limit{Requests: tc.limit, Window: win * time.Millisecond, Algorithm: tc.alg}
+			set := Settings{Mode: tc.mode, Lease: max(tc.limit/20, 1), SyncInterval: interval * time.Millisecond, MaxUnsynced: max(tc.limit/50, 1)}
+			prefix := srvR.Prefix(t)
+			srv := make([]*server, tc.servers)
+			for i := range srv {
+				srv[i] = newServer(t, srvR.Client(t, nil), prefix, map[string]Settings{"r": set}, Events{})
+			}
+			// Three windows, offered three times the limit per key.
+			tr := trace(tc.load, tc.servers, tc.keys, 3*3*tc.limit*tc.keys, 3*win, win, uint64(tc.servers*7+tc.limit))
+			got := run(t, srv, tr, l, interval)
+			want := replay(tr, l)
+			admitted, exact := count(got), count(want)
+			// Per window of the counter: the limit, as in exact mode; for a
+			// token bucket, in any interval of one window, the burst plus
+			// the refill.
+			most := mostInAnyWindow(tr, got, win, tc.alg != window.TokenBucket, tc.alg == window.FixedWindow)
+			bound := tc.limit
+			if tc.alg == window.TokenBucket {
+				// burst + refill over the window, plus the refill over one
+				// lease (a slice lives one interval).
+				bound = 2*tc.limit + tc.limit*interval/win
+			}
+			if tc.mode == fleet.WriteBack {
+				// OverBound plus what the fleet admits in one interval.
+				bound += int(fleet.OverBound(int64(tc.servers), int64(set.MaxUnsynced))) + mostInAnyWindow(tr, got, interval, false, false)
+			}
+			if most > bound {
+				t.Errorf("%d admitted in one window, bound %d", most, bound)
+			}
+			// False denials: what exact mode admits and this mode does not,
+			// per window and key, within the stated bound.
+			falseBound := 0
+			if tc.mode == fleet.Lease {
+				falseBound = int(fleet.FalseDenialBound(int64(tc.servers), int64(set.Lease))) * 3 * tc.keys
+			} else {
+				falseBound = tc.servers * set.MaxUnsynced * 3 * tc.keys
+			}
+			// Windows that the sliding estimate weighs make the admitted
+			// sets diverge beyond the first window: the limit of one window
+			// is the slack of a replay whose earlier windows differ.
+			if short := exact - admitted; short > falseBound+tc.limit*tc.keys {
+				t.Errorf("%d admitted, exact replay %d: %d short, bound %d", admitted, exact, short, falseBound+tc.limit*tc.keys)
+			}
+			if tc.alg == window.FixedWindow && tc.mode == fleet.Lease {
+				// Fixed windows renew whole, so the replay and this mode
+				// compare window by window: per window and key, exact mode
+				// admits min(offered, limit), and a lease at most
+				// FalseDenialBound fewer.
+				perBound := int(fleet.FalseDenialBound(int64(tc.servers), int64(set.Lease)))
+				type wk struct{ w, k int64 }
+				gotN, wantN := map[wk]int{}, map[wk]int{}
+				for i, q := range tr {
+					k := wk{q.at / win, int64(q.key)}
+					if got[i] {
+						gotN[k]++
+					}
+					if want[i] {
+						wantN[k]++
+					}
+				}
+				for k, n := range wantN {
+					if short := n - gotN[k]; short > perBound {
+						t.Errorf("window %d key %d: %d admitted, exact %d: %d false denials, bound %d", k.w, k.k, gotN[k], n, short, perBound)
+					}
+				}
+			}
+			t.Logf("admitted %d (exact %d), most in a window %d (bound %d)", admitted, exact, most, bound)
+		})
+	}
+}

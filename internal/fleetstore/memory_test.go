@@ -1,0 +1,81 @@
+package fleetstore
+
+import (
+	"runtime"
+	"testing"
+	"unsafe"
+)
+
+// TestMemoryPerKey measures what the table holds per counter in process
+// at 100,000 counters, entries (with the unused end of each shard's last
+// chunk) and index: at most 128 bytes. The heap's growth, logged beside
+// it, also counts the allocator's rounding and what the garbage collector
+// has not returned.
+func TestMemoryPerKey(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != 112 {
+		t.Errorf("entry is %d bytes, the package doc says 112", n)
+	}
+	const n = 100_000
+	s := new(Store)
+	for i := range s.shards {
+		s.shards[i].max = n
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := 0; i < n; i++ {
+		id := ident{h1: uint64(i) * 0x9e3779b97f4a7c15, h2: mix64(uint64(i))}
+		sh := &s.shards[id.h2%shards]
+		e, _, _ := sh.insert(id)
+		e.uc = 1
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		held += 4 * cap(sh.slots)
+		for _, c := range sh.chunks {
+			held += int(unsafe.Sizeof(entry{})) * cap(c)
+		}
+	}
+	per := float64(held) / n
+	t.Logf("%.1f bytes per counter held by the table; heap grew by %.1f per counter", per, float64(after.HeapAlloc-before.HeapAlloc)/n)
+	if per > 128 {
+		t.Errorf("%.1f bytes per counter, want at most 128", per)
+	}
+	runtime.KeepAlive(s)
+}
+
+// TestTableRemove removes entries in every order and checks that the
+// others stay reachable (the index's backward shift).
+func TestTableRemove(t *testing.T) {
+	var sh shard
+	sh.max = 1 << 20
+	ids := make([]ident, 3000)
+	for i := range ids {
+		// Few distinct homes, at both ends of the index: long probe runs,
+		// some of which wrap around.
+		ids[i] = ident{h1: uint64(i % 97), h2: uint64(i)}
+		if i%2 == 1 {
+			ids[i].h1 = ^uint64(0) - uint64(i%97)
+		}
+		sh.insert(ids[i])
+	}
+	for k := 0; k < len(ids); k += 3 {
+		_, i := sh.lookup(ids[k])
+		if i < 0 {
+			t.Fatalf("entry %d lost", k)
+		}
+		sh.remove(i)
+	}
+	for k, id := range ids {
+		e, _ := sh.lookup(id)
+		if (k%3 == 0) != (e == nil) || (e != nil && e.id != id) {
+			t.Fatalf("entry %d: found %v after removing every third", k, e != nil)
+		}
+	}
+	if sh.n != 2000 {
+		t.Fatalf("%d entries left, want 2000", sh.n)
+	}
+}

@@ -1,0 +1,201 @@
+package fleetstore
+
+import (
+	"sync"
+
+	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+// ident is a counter's identity in process: a 128-bit seeded hash of its
+// Key, Name and Limit.Series, as in the memory store. The counter's name
+// in the shared store (fleet.ID) is computed once, when it enters the
+// table.
+type ident struct{ h1, h2 uint64 }
+
+// chunkSize is the number of entries per chunk of a shard: entries never
+// move when a shard grows, and a shard costs no more than its entries.
+const chunkSize = 256
+
+// Entry flags.
+const (
+	// listed: the entry is in its shard's list of entries the syncer
+	// visits (unsynced counts, a lease, or a recent use).
+	listed = 1 << iota
+	// granting: a lease call for the entry is on its way, or, in
+	// write-back mode, a push that requests wait for.
+	granting
+	// full: the last lease call granted nothing; until up, requests that
+	// the slice left does not cover are denied without asking again.
+	full
+)
+
+// entry is one counter in process, 112 bytes. Its fields hold, by mode:
+//
+//   - write-back: C is fleet.View.C; us, up and uc are U's Start, Prev and
+//     Curr; inflight is what pushes on their way carry.
+//   - lease: C is the counter as the last lease call returned it; uc is
+//     the units of the slice left, up the instant (Unix ms, local clock)
+//     the slice ends and us the start of the window it was counted in;
+//     inflight is the size to ask for next (see nextWant).
+type entry struct {
+	id       ident
+	fid      fleet.ID
+	flags    uint8
+	b        *binding
+	cs, cp   int64
+	cc       int64
+	us, up   int64
+	uc       int64
+	inflight int64
+	// used is the instant of the entry's last decision, and synced that
+	// of its last answer from the shared store (Unix ms, local clock).
+	used, synced int64
+}
+
+// view returns the entry's write-back view.
+func (e *entry) view() fleet.View {
+	return fleet.View{C: window.State{Start: e.cs, Prev: e.cp, Curr: e.cc}, U: window.State{Start: e.us, Prev: e.up, Curr: e.uc}}
+}
+
+// setView stores v in the entry.
+func (e *entry) setView(v *fleet.View) {
+	e.cs, e.cp, e.cc = v.C.Start, v.C.Prev, v.C.Curr
+	e.us, e.up, e.uc = v.U.Start, v.U.Prev, v.U.Curr
+}
+
+// state returns C.
+func (e *entry) state() window.State { return window.State{Start: e.cs, Prev: e.cp, Curr: e.cc} }
+
+// setState stores C.
+func (e *entry) setState(s window.State) { e.cs, e.cp, e.cc = s.Start, s.Prev, s.Curr }
+
+// shard is a part of the table, with its own lock: entries in chunks,
+// found through an open-addressing index of uint32 slots (linear probing,
+// at most seven eighths full), as in the memory store.
+type shard struct {
+	mu     sync.Mutex
+	slots  []uint32 // 0: empty; else an entry number + 1
+	chunks [][]entry
+	n      int
+	max    int
+	// list holds the entries the syncer visits.
+	list []ident
+	// waits holds, for entries with a lease call or a push on its way,
+	// what the requests that need it wait on.
+	waits map[ident]chan struct{}
+	// seq draws the entries an eviction samples.
+	seq uint64
+}
+
+func (sh *shard) at(i int) *entry { return &sh.chunks[i/chunkSize][i%chunkSize] }
+
+// find returns the slot of id, or of the empty slot where it would go.
+func (sh *shard) find(id ident) int {
+	mask := len(sh.slots) - 1
+	for p := int(id.h1) & mask; ; p = (p + 1) & mask {
+		v := sh.slots[p]
+		if v == 0 || sh.at(int(v-1)).id == id {
+			return p
+		}
+	}
+}
+
+// lookup returns the entry of id, or nil.
+func (sh *shard) lookup(id ident) (*entry, int) {
+	if sh.n == 0 {
+		return nil, -1
+	}
+	v := sh.slots[sh.find(id)]
+	if v == 0 {
+		return nil, -1
+	}
+	return sh.at(int(v - 1)), int(v - 1)
+}
+
+// insert adds a zero entry for id, which must not be in the shard, and
+// returns it, evicting first if the shard is full: evicted is the entry
+// that made room (copied), if any.
+func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
+	if sh.n >= sh.max {
+		evicted, did = sh.evict(), true
+	}
+	if 8*(sh.n+1) > 7*len(sh.slots) {
+		sh.grow()
+	}
+	i := sh.n
+	if i/chunkSize == len(sh.chunks) {
+		// Chunks start small and double up to chunkSize, so that a shard
+		// wastes at most half of its last chunk.
+		sh.chunks = append(sh.chunks, make([]entry, 8))
+	} else if c := &sh.chunks[i/chunkSize]; i%chunkSize == len(*c) {
+		// Grown by copying: no pointer into a shard's entries outlives
+		// its lock.
+		*c = append(make([]entry, 0, min(2*len(*c), chunkSize)), *c...)[:min(2*len(*c), chunkSize)]
+	}
+	sh.n++
+	e = sh.at(i)
+	*e = entry{id: id}
+	sh.slots[sh.find(id)] = uint32(i + 1)
+	return e, evicted, did
+}
+
+// grow doubles the index and places every entry again.
+func (sh *shard) grow() {
+	sh.slots = make([]uint32, max(2*len(sh.slots), 16))
+	for i := 0; i < sh.n; i++ {
+		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+	}
+}
+
+// evict removes the least recently used of a few entries drawn at random
+// and returns a copy of it.
+func (sh *shard) evict() entry {
+	best := -1
+	for k := 0; k < 8 && k < sh.n; k++ {
+		sh.seq = sh.seq*6364136223846793005 + 1442695040888963407
+		i := int((sh.seq >> 33) % uint64(sh.n))
+		if best < 0 || sh.at(i).used < sh.at(best).used {
+			best = i
+		}
+	}
+	old := *sh.at(best)
+	sh.remove(best)
+	return old
+}
+
+// remove deletes entry i, moving the last entry into its place.
+func (sh *shard) remove(i int) {
+	sh.unplace(sh.find(sh.at(i).id))
+	last := sh.n - 1
+	if i != last {
+		*sh.at(i) = *sh.at(last)
+		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+	}
+	*sh.at(last) = entry{}
+	sh.n--
+}
+
+// unplace empties slot p and shifts back the entries after it that
+// linear probing placed past it, so that every entry stays reachable.
+func (sh *shard) unplace(p int) {
+	mask := len(sh.slots) - 1
+	sh.slots[p] = 0
+	for q := (p + 1) & mask; sh.slots[q] != 0; q = (q + 1) & mask {
+		home := int(sh.at(int(sh.slots[q]-1)).id.h1) & mask
+		// The entry at q may move to p unless its home lies cyclically in
+		// (p, q].
+		if (q > p && (home <= p || home > q)) || (q < p && home <= p && home > q) {
+			sh.slots[p], sh.slots[q] = sh.slots[q], 0
+			p = q
+		}
+	}
+}
+
+// enlist adds entry e of id to the entries the syncer visits.
+func (sh *shard) enlist(id ident, e *entry) {
+	if e.flags&listed == 0 {
+		e.flags |= listed
+		sh.list = append(sh.list, id)
+	}
+}

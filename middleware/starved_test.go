@@ -1,0 +1,175 @@
+package middleware_test
+
+import (
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// TestStarvedCallers runs, on a healthy Redis, four limiters (four app
+// servers, each with its own go-redis client with default options) that
+// share one client's limit of 100 a second, while 16 goroutines of each
+// call Decide for that client in a tight loop and as many CPU-bound
+// goroutines as there are cores keep every core busy. Most decisions are
+// answered by the deny cache without blocking, and the pipeline's workers,
+// woken by the network, wait for a processor behind every goroutine
+// already waiting: no decision may fail open for that, since the server
+// answers all along.
+//
+// With the exact sliding log, no 1 s may see more than 101 admitted (the
+// log counts whole milliseconds). The sliding-window counter estimates
+// the previous window's part as if its requests had come evenly, which
+// bursts of a process that goes unscheduled for tens of milliseconds
+// break: it may admit more than 101 in some 1 s while every decision is
+// Redis's (the pure arithmetic of internal/window does the same), so its
+// figure is only logged.
+func TestStarvedCallers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads every core for 5 s against a real Redis")
+	}
+	for _, tt := range []struct {
+		name  string
+		limit middleware.Limit
+		most  int // the most admitted in any 1 s, or 0 for no bound
+	}{
+		{"sliding_log", middleware.PerSecond(100).SlidingLog(), 101},
+		{"sliding_window", middleware.PerSecond(100), 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.Standalone(t)
+			starve(t, srv, tt.limit, tt.most)
+		})
+	}
+}
+
+// starve runs the load of TestStarvedCallers with limit for 2.5 s.
+func starve(t *testing.T, srv *redistest.Server, limit middleware.Limit, wantMost int) {
+	const (
+		limiters = 4
+		callers  = 16 // per limiter
+		run      = 2500 * time.Millisecond
+	)
+	prefix := srv.Prefix(t)
+	lims := make([]*middleware.Limiter, limiters)
+	var changes atomic.Int64
+	var firstDown atomic.Value
+	for i := range lims {
+		store, err := middleware.NewRedisStore(srv.Client(t, &redis.Options{}), middleware.RedisConfig{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeStore(t, store)
+		store.AddObserver(&middleware.Hooks{OnStoreHealth: func(e middleware.HealthEvent) {
+			changes.Add(1)
+			if !e.Up {
+				firstDown.CompareAndSwap(nil, e.Cause)
+			}
+		}})
+		lims[i] = newLimiter(t, limit, keyfunc.RemoteIP(), middleware.WithStore(store))
+	}
+
+	lags := schedlag.Start(t)
+	var stop atomic.Bool
+	var burners sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		burners.Add(1)
+		go func() {
+			defer burners.Done()
+			x := uint64(1)
+			for !stop.Load() {
+				for range 1000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			_ = x
+		}()
+	}
+
+	// admitted holds the interval in which each admitted request was
+	// decided: from just before Decide to just after.
+	type span struct{ from, to time.Time }
+	var (
+		mu            sync.Mutex
+		admitted      []span
+		total, failed atomic.Int64
+		firstErr      atomic.Value
+		callersDone   sync.WaitGroup
+		deadline      = time.Now().Add(run)
+	)
+	for _, lim := range lims {
+		for range callers {
+			callersDone.Add(1)
+			go func() {
+				defer callersDone.Done()
+				r := keyfunc.FromHTTP(get("192.0.2.7:1"))
+				var mine []span
+				for time.Now().Before(deadline) {
+					from := time.Now()
+					res, err := lim.Decide(r)
+					to := time.Now()
+					total.Add(1)
+					if err != nil || res.StoreErr != nil || !res.Applied {
+						failed.Add(1)
+						if err == nil {
+							err = res.StoreErr
+						}
+						if err != nil {
+							firstErr.CompareAndSwap(nil, err)
+						}
+					}
+					if res.Allowed {
+						mine = append(mine, span{from, to})
+					}
+				}
+				mu.Lock()
+				admitted = append(admitted, mine...)
+				mu.Unlock()
+			}()
+		}
+	}
+	callersDone.Wait()
+	stop.Store(true)
+	burners.Wait()
+
+	// The most admitted in any 1 s, counting only the requests decided
+	// wholly within it, which can only undercount; past 1000 it stops
+	// counting (a limiter that fails open admits every request).
+	slices.SortFunc(admitted, func(a, b span) int { return a.from.Compare(b.from) })
+	most := 0
+	for i, a := range admitted {
+		n := 0
+		for _, b := range admitted[i:] {
+			if b.from.Sub(a.from) >= time.Second || n > 1000 {
+				break
+			}
+			if b.to.Sub(a.from) < time.Second {
+				n++
+			}
+		}
+		most = max(most, n)
+		if most > 1000 {
+			break
+		}
+	}
+	t.Logf("%d decisions, %d failed open (first error: %v), %d admitted, at most %d in 1 s; %d health changes (first down: %v); this process went unscheduled for up to %v",
+		total.Load(), failed.Load(), firstErr.Load(), len(admitted), most, changes.Load(), firstDown.Load(), lags.Max())
+	if failed.Load() != 0 {
+		t.Errorf("%d of %d decisions failed open while Redis answered, want 0", failed.Load(), total.Load())
+	}
+	if wantMost > 0 && most > wantMost {
+		t.Errorf("%d admitted within 1 s, want at most %d", most, wantMost)
+	}
+	if perWindow := int(run/limit.Window) * limit.Requests; len(admitted) < perWindow {
+		t.Errorf("%d admitted in %v, want at least %d", len(admitted), run, perWindow)
+	}
+}

@@ -1,0 +1,248 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/keyfunc"
+)
+
+// benchRequest is a keyfunc.Request whose RemoteAddr is the client's key.
+type benchRequest struct{ addr string }
+
+func (r benchRequest) Context() context.Context { return context.Background() }
+func (r benchRequest) Method() string           { return "GET" }
+func (r benchRequest) Path() string             { return "/" }
+func (r benchRequest) Route() string            { return "" }
+func (r benchRequest) RemoteAddr() string       { return r.addr }
+func (r benchRequest) Header(string) string     { return "" }
+func (r benchRequest) Values(string) []string   { return nil }
+
+var addrKey keyfunc.Func = func(r keyfunc.Request) (string, error) { return r.RemoteAddr(), nil }
+
+// fleetDecider makes one decision for a key on one app server.
+type fleetDecider func(ctx context.Context, key string) error
+
+// fleetServers returns n app servers of kind on srv: "incr-pexpire" (a
+// pipelined INCR and PEXPIRE, the floor of a Redis counter), "memory" (a
+// Limiter on the in-memory store, each server alone), "exact", "lease" or
+// "write_back" (a Limiter on the Redis store, 10^9 a minute, never
+// reached; "write_back/max_unsynced=N" sets MaxUnsynced), each with its
+// own go-redis client.
+func fleetServers(b *testing.B, srv *redistest.Server, kind string, n int) []fleetDecider {
+	prefix := srv.Prefix(b)
+	var out []fleetDecider
+	for i := 0; i < n; i++ {
+		c := srv.Client(b, &redis.Options{PoolSize: 128})
+		if kind == "incr-pexpire" {
+			out = append(out, func(ctx context.Context, key string) error {
+				pipe := c.Pipeline()
+				incr := pipe.Incr(ctx, prefix+key)
+				pipe.PExpire(ctx, prefix+key, time.Minute)
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+				if incr.Val() < 1 {
+					return fmt.Errorf("INCR = %d", incr.Val())
+				}
+				return nil
+			})
+			continue
+		}
+		rule := Rule{Name: "bench", Key: addrKey, Limits: []Limit{PerMinute(1_000_000_000)}}
+		var opts []Option
+		if kind != "memory" {
+			// On a shared, loaded machine: servers taken as down only on
+			// connection errors, and a generous timeout.
+			store, err := NewRedisStore(c, RedisConfig{Prefix: prefix, StallThreshold: -1, Timeout: 2 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { store.Close() })
+			opts = append(opts, WithStore(store))
+			mode, unsynced, _ := strings.Cut(kind, "/max_unsynced=")
+			rule.Sync, _ = ParseSyncMode(mode)
+			rule.MaxUnsynced, _ = strconv.Atoi(unsynced)
+		}
+		lim, err := NewRules([]Rule{rule}, opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { lim.Close() })
+		out = append(out, func(ctx context.Context, key string) error {
+			res, err := lim.Decide(benchRequest{key})
+			if err != nil {
+				return err
+			}
+			if !res.Allowed || res.StoreErr != nil {
+				return fmt.Errorf("not decided by the store: %+v", res)
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// clientCommands returns how many commands clients sent srv, from INFO
+// commandstats: script calls (EVALSHA, EVAL) and INCR and PEXPIRE; the
+// commands scripts run inside are not counted.
+func clientCommands(b *testing.B, c *redis.Client) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_incr:", "cmdstat_pexpire:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				v, _ := strconv.ParseInt(calls, 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// runFleet makes n decisions, the i-th for keys[i%len(keys)], from conc
+// goroutines per server, and returns every latency, the number of errors
+// and the first.
+func runFleet(servers []fleetDecider, conc, n int, keys []string) ([]time.Duration, int64, error) {
+	var next atomic.Int64
+	var nerr atomic.Int64
+	var mu sync.Mutex
+	var first error
+	lat := make([]time.Duration, 0, n)
+	var wg sync.WaitGroup
+	for s, decide := range servers {
+		for g := 0; g < conc; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				mine := make([]time.Duration, 0, n/(conc*len(servers))+1)
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= n {
+						break
+					}
+					t := time.Now()
+					err := decide(context.Background(), keys[(i+s)%len(keys)])
+					mine = append(mine, time.Since(t))
+					if err != nil {
+						nerr.Add(1)
+						mu.Lock()
+						if first == nil {
+							first = err
+						}
+						mu.Unlock()
+					}
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return lat, nerr.Load(), first
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		return float64(lat[int(p*float64(len(lat)-1))]) / float64(time.Microsecond)
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+// BenchmarkFleet measures the decisions per second of 4 app servers (each a
+// Limiter with its own go-redis client) with 64 requests in flight each,
+// on one hot key and on 100,000 keys, in each coordination mode, beside
+// exact mode and a pipelined INCR + PEXPIRE measured in the same run, each
+// on a redis-server of its own:
+//
+//	go test -run '^$' -bench BenchmarkFleet$ -benchtime 200000x ./middleware/
+//
+// On 100,000 keys every key got one decision before the timer starts.
+// Metrics: decisions/s, p50-µs and p99-µs of one decision, and cmds/decision,
+// the commands clients sent Redis (INFO commandstats: EVALSHA, EVAL, INCR,
+// PEXPIRE) per decision.
+func BenchmarkFleet(b *testing.B) {
+	many := make([]string, 100_000)
+	for i := range many {
+		many[i] = "10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+	}
+	for _, set := range []string{"hot", "keys-100k"} {
+		keys := []string{"10.0.0.1"}
+		if set == "keys-100k" {
+			keys = many
+		}
+		for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "write_back", "write_back/max_unsynced=10000"} {
+			b.Run(set+"/"+kind, func(b *testing.B) {
+				srv := redistest.Standalone(b)
+				admin := srv.Client(b, nil)
+				servers := fleetServers(b, srv, kind, 4)
+				if len(keys) > 1 {
+					if _, n, err := runFleet(servers, 64, len(keys)*len(servers), keys); n > 0 {
+						b.Logf("populating: %d errors, first: %v", n, err)
+					}
+				}
+				cmds := clientCommands(b, admin)
+				b.ResetTimer()
+				start := time.Now()
+				lat, nerr, err := runFleet(servers, 64, b.N, keys)
+				elapsed := time.Since(start)
+				b.StopTimer()
+				if nerr > 0 {
+					b.ReportMetric(100*float64(nerr)/float64(b.N), "%-errors")
+					b.Logf("%d of %d decisions failed; first: %v", nerr, b.N, err)
+				}
+				b.ReportMetric(float64(int64(b.N)-nerr)/elapsed.Seconds(), "decisions/s")
+				b.ReportMetric(float64(clientCommands(b, admin)-cmds)/float64(b.N), "cmds/decision")
+				reportLatency(b, lat)
+			})
+		}
+	}
+}
+
+// BenchmarkFleetSerial measures one decision at a time on one hot key, on
+// one app server, in each mode, beside the in-memory store and exact mode:
+//
+//	go test -run '^$' -bench BenchmarkFleetSerial -benchtime 100000x ./middleware/
+func BenchmarkFleetSerial(b *testing.B) {
+	for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "write_back"} {
+		b.Run(kind, func(b *testing.B) {
+			srv := redistest.Standalone(b)
+			decide := fleetServers(b, srv, kind, 1)[0]
+			ctx := context.Background()
+			for i := 0; i < 1000; i++ { // warm up: scripts loaded, first lease
+				if err := decide(ctx, "10.0.0.1"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lat := make([]time.Duration, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range lat {
+				t := time.Now()
+				if err := decide(ctx, "10.0.0.1"); err != nil {
+					b.Fatal(err)
+				}
+				lat[i] = time.Since(t)
+			}
+			b.StopTimer()
+			reportLatency(b, lat)
+		})
+	}
+}
