@@ -13,6 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// directDialBound bounds the dials of a direct call through the clone
+// (see runDirect), below the 100 ms after which go-redis tries a failed
+// dial again.
+const directDialBound = 90 * time.Millisecond
+
 // maxStalledFactor bounds the lanes of a destination that are stuck in a
 // stalled batch, as a multiple of MaxInFlight: up to that many, each is
 // replaced at once by a fresh lane.
@@ -556,17 +561,21 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	// bounded is set when the call ends at directTimeout rather than at
 	// the caller's deadline: always through the clone (tryDirect left
 	// room for it), and when the deadline is further away otherwise.
-	// The context's deadline also bounds go-redis's dials, which it tries
-	// five times, 100 ms apart, by default: without it a call to a server
-	// that refuses connections would wait 400 ms.
 	client, run := d.clone.Load(), ctx
 	bounded := client != nil
-	if client == nil {
-		client = d.client.Load()
-	}
 	dl, ok := c.deadline, c.hasDeadline
-	if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
-		dl, ok, bounded = time.Now().Add(t), true, true
+	if client != nil {
+		// The clone ends reads at directTimeout. A context deadline bounds
+		// go-redis's dials, which it tries five times, 100 ms apart, by
+		// default: without it a call to a server that refuses connections
+		// would wait 400 ms; with the caller's own, a dial slowed by a
+		// busy machine would fail the call.
+		dl, ok = time.Now().Add(max(d.p.directTimeout, directDialBound)), true
+	} else {
+		client = d.client.Load()
+		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
+			dl, ok, bounded = time.Now().Add(t), true, true
+		}
 	}
 	if ok {
 		var cancel context.CancelFunc

@@ -80,6 +80,7 @@ type flags struct {
 	redisAddrs         string
 	redisPrefix        string
 	redisStall         time.Duration
+	redisTimeout       time.Duration
 	failure            string
 	timeout, poll      time.Duration
 	shadow             bool
@@ -97,6 +98,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.StringVar(&f.redisAddrs, "redis", "", "Redis address, or several comma-separated for a Redis Cluster; empty counts in memory")
 	fs.StringVar(&f.redisPrefix, "redis-prefix", "sluice:rls:", "prefix of the counters' keys in Redis")
 	fs.DurationVar(&f.redisStall, "redis-stall", 0, "how long a Redis server may take to answer before it is taken as down and calls get the failure policy at once: 0 adapts to its round trips (20ms to 35ms), a negative value takes it as down only when it cannot be reached")
+	fs.DurationVar(&f.redisTimeout, "redis-timeout", 0, "bound of each decision in Redis, on top of -timeout: 0 means 100ms, a negative value none")
 	fs.StringVar(&f.failure, "failure", "open", "what a call gets while the store fails: open, closed or local")
 	fs.DurationVar(&f.timeout, "timeout", envoyrls.DefaultTimeout, "bound of each call")
 	fs.DurationVar(&f.poll, "poll", 5*time.Second, "how often descriptor files and URLs are checked for changes")
@@ -153,7 +155,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, onReady ready) er
 			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 		}
 		defer client.Close()
-		store, err = middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: f.redisPrefix, StallThreshold: f.redisStall})
+		store, err = middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: f.redisPrefix, StallThreshold: f.redisStall, Timeout: f.redisTimeout})
 	} else {
 		store, err = middleware.NewMemoryStore(middleware.MemoryConfig{})
 	}

@@ -19,7 +19,12 @@
 // against the server). Each measurement gives the servers alternating
 // slices (-rounds), so that a machine whose load changes weighs on them
 // alike. Nothing is over its limit: what is measured is the cost of a
-// decision. The results are printed as a Markdown table.
+// decision. A call counts as decided only when it is answered OK with a
+// current_limit for every descriptor; "undecided" counts the others.
+// sluice-rls waits for Redis however long it takes (-timeout 30s,
+// -redis-timeout and -redis-stall negative), as envoyproxy/ratelimit
+// does, so that no call is answered by its failure policy. The results
+// are printed as a Markdown table.
 package main
 
 import (
@@ -154,8 +159,10 @@ func run() error {
 			return exec.Command(self, "-serve-floor", "127.0.0.1:"+strconv.Itoa(port))
 		}},
 		{"sluice-rls", func(port int) *exec.Cmd {
+			// Never answered by the failure policy: every call is
+			// decided by Redis, however slowly, as with the others.
 			args := []string{"-config", cfgPath, "-redis", redisAddr,
-				"-grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "1s"}
+				"-grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "-http-addr", "127.0.0.1:0", "-timeout", "30s", "-redis-timeout", "-1ms", "-redis-stall", "-1ms"}
 			return exec.Command(filepath.Join(dir, "sluice-rls"), append(args, strings.Fields(*extra)...)...)
 		}},
 		// Its defaults: each call's commands written at once on a pooled
@@ -240,13 +247,13 @@ func start(name string, mk func(int) *exec.Cmd) (*target, func(), error) {
 func compare(ts []*target) {
 	fmt.Printf("| descriptors | in flight |")
 	for _, t := range ts {
-		fmt.Printf(" %s calls/s | p50 | p99 |", t.name)
+		fmt.Printf(" %s calls/s | p50 | p99 | undecided |", t.name)
 	}
-	fmt.Printf(" errors |\n|---|---|")
+	fmt.Printf("\n|---|---|")
 	for range ts {
-		fmt.Printf("---|---|---|")
+		fmt.Printf("---|---|---|---|")
 	}
-	fmt.Println("---|")
+	fmt.Println()
 	type point struct {
 		nd, inflight int // inflight 0: the fixed rate
 	}
@@ -283,13 +290,11 @@ func compare(ts []*target) {
 			flight = "fixed " + strconv.Itoa(*rate) + "/s"
 		}
 		fmt.Printf("| %d | %s |", p.nd, flight)
-		var allErrs int64
 		for i := range ts {
 			r := summarize(lats[i], took[i])
-			fmt.Printf(" %.0f | %s | %s |", r.rate, ms(r.p50), ms(r.p99))
-			allErrs += errs[i]
+			fmt.Printf(" %.0f | %s | %s | %d |", r.rate, ms(r.p50), ms(r.p99), errs[i])
 		}
-		fmt.Printf(" %d |\n", allErrs)
+		fmt.Println()
 	}
 	fmt.Println()
 }
@@ -331,7 +336,7 @@ func closedLoop(cs []rlsv3.RateLimitServiceClient, nd, inflight int, d time.Dura
 				}
 				resp, err := c.ShouldRateLimit(context.Background(), request(nd, rng.IntN(clients)))
 				own = append(own, time.Since(begin))
-				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				if !decided(resp, err) {
 					errs.Add(1)
 				}
 			}
@@ -363,7 +368,7 @@ func openLoop(cs []rlsv3.RateLimitServiceClient, nd, perSec int, d time.Duration
 			defer wg.Done()
 			resp, err := c.ShouldRateLimit(context.Background(), req)
 			lats[i] = time.Since(due)
-			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			if !decided(resp, err) {
 				errs.Add(1)
 			}
 		}()
@@ -445,4 +450,19 @@ func serveFloor(addr string) error {
 	g := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, floorServer{})
 	return g.Serve(lis)
+}
+
+// decided reports whether a call was answered OK with a limit for every
+// descriptor: a call answered without one (by a failure policy) counts as
+// an error.
+func decided(resp *rlsv3.RateLimitResponse, err error) bool {
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		return false
+	}
+	for _, st := range resp.Statuses {
+		if st.CurrentLimit == nil {
+			return false
+		}
+	}
+	return true
 }
