@@ -33,13 +33,9 @@ func accountKey(r keyfunc.Request) (string, error) {
 	return "account:" + keyfunc.Escape(strings.ToLower(u)), nil
 }
 
-// loginRule is the rule of POST /login, as rules.yaml writes it too:
-//
-//	- name: login
-//	  match: {path: /login, methods: [POST]}
-//	  key: account+ip
-//	  limits: [{requests: 5, window: 15m, ban: 1h}]
-//	  count: {status: [401]}
+// loginRule is the rule of POST /login. rules.yaml has the same rule,
+// named login-failures: key account+ip, limits [{requests: 5, window: 15m,
+// ban: 1h}], count {status: [401]}.
 func loginRule() middleware.Rule {
 	return middleware.Rule{
 		Name: "login", Path: "/login", Methods: []string{http.MethodPost},
