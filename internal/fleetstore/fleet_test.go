@@ -251,6 +251,29 @@ func TestFleetBounds(t *testing.T) {
 			if short := exact - admitted; short > falseBound+tc.limit*tc.keys {
 				t.Errorf("%d admitted, exact replay %d: %d short, bound %d", admitted, exact, short, falseBound+tc.limit*tc.keys)
 			}
+			if tc.alg == window.FixedWindow && tc.mode == fleet.Lease {
+				// Fixed windows renew whole, so the replay and this mode
+				// compare window by window: per window and key, exact mode
+				// admits min(offered, limit), and a lease at most
+				// FalseDenialBound fewer.
+				perBound := int(fleet.FalseDenialBound(int64(tc.servers), int64(set.Lease)))
+				type wk struct{ w, k int64 }
+				gotN, wantN := map[wk]int{}, map[wk]int{}
+				for i, q := range tr {
+					k := wk{q.at / win, int64(q.key)}
+					if got[i] {
+						gotN[k]++
+					}
+					if want[i] {
+						wantN[k]++
+					}
+				}
+				for k, n := range wantN {
+					if short := n - gotN[k]; short > perBound {
+						t.Errorf("window %d key %d: %d admitted, exact %d: %d false denials, bound %d", k.w, k.k, gotN[k], n, short, perBound)
+					}
+				}
+			}
 			t.Logf("admitted %d (exact %d), most in a window %d (bound %d)", admitted, exact, most, bound)
 		})
 	}

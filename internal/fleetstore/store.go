@@ -10,7 +10,9 @@
 // Lease: a counter's first request, and every request that finds its
 // slice spent, asks the shared store for a slice of the remaining budget
 // (fleet.Grant: at most the rule's lease, and at most remaining / (2 ×
-// servers holding leases)); requests spend it locally. A slice lives one
+// servers holding leases)); requests spend it locally. The size asked for
+// starts at 1 unit for a counter not used lately and doubles with each
+// slice while it is busy; busy counters ask for the next slice ahead. A slice lives one
 // sync interval, and never past the end of the window it was counted in;
 // what is left of it is given back when it ends, unless the counter is
 // still busy, in which case the same call renews it. The fleet admits at
@@ -43,9 +45,11 @@
 // shard evicts the least recently used of 8 entries drawn at random; the
 // deltas and slices of an evicted counter are pushed and given back by the
 // next tick, or dropped (and counted) if more than 4096 wait. An entry is
-// 112 bytes, plus its share of the index: about 120 bytes per
-// counter in all (TestMemoryPerKey). There is one goroutine per store
-// (the syncer), none per counter.
+// 112 bytes, plus its share of the index: about 120 bytes per counter in
+// all (TestMemoryPerKey). There is one goroutine per store (the syncer,
+// which makes a tick's calls from up to 16 goroutines while the tick
+// runs), and a busy counter's next slice is asked for on a goroutine that
+// lives until the answer; none per counter.
 package fleetstore
 
 import (
