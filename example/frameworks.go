@@ -26,6 +26,7 @@ var exampleRoutes = []struct{ method, path, body string }{
 	{http.MethodGet, "/api/data", `{"data":[1,2,3]}`},
 	{http.MethodGet, "/api/search", `{"results":[]}`},
 	{http.MethodPost, "/api/login", `{"token":"demo"}`},
+	{http.MethodPost, "/login", ""}, // login.go
 	{http.MethodPost, "/api/upload", `{"stored":true}`},
 	{http.MethodGet, "/api/quote", `{"price":42}`},
 	{http.MethodPost, "/api/export", `{"export":"queued"}`},
@@ -80,6 +81,12 @@ func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter,
 		}
 		body := rt.body
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/login" {
+				status, body := login(r.PostFormValue("password"))
+				w.WriteHeader(status)
+				fmt.Fprintln(w, body)
+				return
+			}
 			slow(r.Context(), r.URL.Path, r.URL.Query().Get("ms"))
 			fmt.Fprintln(w, body)
 		})
@@ -110,6 +117,11 @@ func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter, met
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		r.Handle(rt.method, rt.path, func(c *gin.Context) {
+			if c.Request.URL.Path == "/login" {
+				status, body := login(c.PostForm("password"))
+				c.String(status, body+"\n")
+				return
+			}
 			slow(c.Request.Context(), c.Request.URL.Path, c.Query("ms"))
 			c.String(http.StatusOK, body+"\n")
 		})
@@ -139,6 +151,10 @@ func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter, me
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		e.Add(rt.method, rt.path, func(c echo.Context) error {
+			if c.Request().URL.Path == "/login" {
+				status, body := login(c.FormValue("password"))
+				return c.String(status, body+"\n")
+			}
 			slow(c.Request().Context(), c.Request().URL.Path, c.QueryParam("ms"))
 			return c.String(http.StatusOK, body+"\n")
 		})
@@ -163,6 +179,10 @@ func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter, m
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		app.Add(rt.method, rt.path, func(c *fiber.Ctx) error {
+			if c.Path() == "/login" {
+				status, body := login(c.FormValue("password"))
+				return c.Status(status).SendString(body + "\n")
+			}
 			slow(c.UserContext(), c.Path(), c.Query("ms"))
 			return c.SendString(body + "\n")
 		})

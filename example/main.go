@@ -196,7 +196,8 @@ func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 // per client with a queue of 10 (waits of at most 5 s); /api/burst has 10
 // a second per client with a ceiling of 50 while the server has room, and
 // /api/work an adaptive concurrency limit that sheds batch requests
-// (?batch=1) first.
+// (?batch=1) first; POST /login allows 5 failed attempts per 15 minutes per
+// account and address, then bans that pair for an hour (login.go).
 func builtinRules() []middleware.Rule {
 	return []middleware.Rule{
 		{Name: "site", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(30)}},
@@ -210,6 +211,7 @@ func builtinRules() []middleware.Rule {
 			Limits: []middleware.Limit{{Requests: 10, Window: time.Second, Ceiling: 50}}},
 		{Name: "work", Path: "/api/work", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 2, Max: 40}},
 		{Name: "work-batch", Path: "/api/work", Query: map[string]string{"batch": "1"}, Priority: middleware.PrioritySheddable},
+		loginRule(),
 	}
 }
 
@@ -239,6 +241,8 @@ var demoEnv = config.Env{
 		}
 		return ""
 	},
+	// The key name account: the account a login is for (login.go).
+	Keys: map[string]keyfunc.Func{"account": accountKey},
 }
 
 // serveAdmin serves middleware.AdminHandler on addr (loopback by default),
@@ -264,8 +268,10 @@ func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, sourc
 		},
 		Source: source,
 	})
-	fmt.Printf("admin handler on %s (Authorization: Bearer %s):\n  curl -H 'Authorization: Bearer %s' http://%s/rules\n  curl -H 'Authorization: Bearer %s' 'http://%s/limits?rule=site&key=ip:127.0.0.1'\n  curl -X POST -H 'Authorization: Bearer %s' 'http://%s/reset?key=ip:127.0.0.1'\n\n",
+	fmt.Printf("admin handler on %s (Authorization: Bearer %s):\n  curl -H 'Authorization: Bearer %s' http://%s/rules\n  curl -H 'Authorization: Bearer %s' 'http://%s/limits?rule=site&key=ip:127.0.0.1'\n  curl -X POST -H 'Authorization: Bearer %s' 'http://%s/reset?key=ip:127.0.0.1'\n",
 		ln.Addr(), token, token, ln.Addr(), token, ln.Addr(), token, ln.Addr())
+	fmt.Printf("  curl -H 'Authorization: Bearer %[1]s' http://%[2]s/bans\n  curl -X DELETE -H 'Authorization: Bearer %[1]s' 'http://%[2]s/bans?rule=login&key=account:alice|ip:127.0.0.1'\n  curl -X PUT -H 'Authorization: Bearer %[1]s' -d '{\"limits\":[{\"requests\":100,\"window\":\"1m\"}],\"ttl\":\"1h\"}' 'http://%[2]s/overrides?rule=site&key=ip:127.0.0.1'\n\n",
+		token, ln.Addr())
 	go func() { _ = serveHTTP(ctx, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln) }()
 	return ln.Addr().String(), nil
 }
@@ -367,6 +373,7 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 30); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/api/burst; done; echo   # 10/s, up to 50/s while the server is idle: all 200
   (for i in $(seq 60); do curl -s -o /dev/null -w '%%{http_code}\n' 'http://%[1]s/api/work?ms=2000&batch=1' & done; wait) | sort | uniq -c   # adaptive limit: batch requests shed first (503)
 `, host)
+		printLogin(host)
 		return
 	}
 	fmt.Printf(`  curl -i http://%[1]s/                                  # 30/min per client
@@ -375,5 +382,14 @@ func printUsage(host, framework, store, rulesFile string) {
   curl -i http://%[1]s/api/data                          # no API key: 400
   for i in 1 2 3; do curl -s -o /dev/null -w '%%{http_code}\n' -H 'X-API-Key: demo' 'http://%[1]s/api/slow?ms=3000' & done; wait   # 2 in flight per client: one 429
   for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' -H 'X-API-Key: demo2' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
+`, host)
+	printLogin(host)
+}
+
+// printLogin prints the curl lines of the login scenario (login.go).
+func printLogin(host string) {
+	fmt.Printf(`  for i in $(seq 6); do curl -s -o /dev/null -w '%%{http_code}\n' -d password=guess 'http://%[1]s/login?user=alice'; done   # 5 failures (401), then 429 and a 1 h ban
+  curl -i -d 'password=correct horse' 'http://%[1]s/login?user=alice'   # banned: 429, Retry-After the ban's end
+  curl -i -d 'password=correct horse' 'http://%[1]s/login?user=bob'     # another account: 200, successes are free
 `, host)
 }

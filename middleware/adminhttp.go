@@ -26,6 +26,18 @@ type AdminConfig struct {
 //	GET  /rules                  the rules in force, with their source and version
 //	GET  /limits?rule=R&key=K    where each limit of rule R stands for key K (Peek)
 //	POST /reset?key=K[&rule=R]   drop K's counters under R, or under every rule (Reset)
+//	GET    /bans[?limit=N]               the bans in force (the fleet's, with Redis), soonest to end first
+//	DELETE /bans?rule=R&key=K            lift a ban (LiftBan)
+//	GET    /overrides[?rule=R&key=K]     the overrides in force, or the one of R for K
+//	PUT    /overrides?rule=R&key=K       set one (SetOverride)
+//	DELETE /overrides?rule=R&key=K       remove one (RemoveOverride)
+//
+// The body of PUT /overrides is {"limits": [{"requests": 100, "window":
+// "1m"}], "ttl": "24h"}: each limit may also have "algorithm"
+// (sliding_window, fixed_window, sliding_log, token_bucket, leaky_bucket),
+// "burst", "max_delay" and "ban"; "ttl", if given, ends the override that
+// long from now. Bad input gets 400 with the reason and an unknown rule
+// 404; neither changes anything.
 //
 // Keys are written as the rules' key functions produce them
 // ("ip:192.0.2.1", "user:alice"). Every request is refused (403) unless
@@ -76,6 +88,8 @@ func AdminHandler(lim *Limiter, cfg AdminConfig) http.Handler {
 				return
 			}
 			adminJSON(w, http.StatusOK, map[string]string{"reset": key, "rule": q.Get("rule")})
+		case path == "/bans" || path == "/overrides": // adminclients.go
+			serveClients(lim, w, r, path)
 		case path == "/rules" || path == "/limits" || path == "/reset":
 			adminJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
 		default:
@@ -109,6 +123,7 @@ type adminLimDef struct {
 	Burst      int    `json:"burst,omitempty"`
 	TimeZone   string `json:"time_zone,omitempty"`
 	MaxDelayMs int64  `json:"max_delay_ms,omitempty"`
+	Ban        string `json:"ban,omitempty"`
 }
 
 type adminLimit struct {
@@ -133,6 +148,9 @@ func describeLimit(l Limit) adminLimDef {
 		MaxDelayMs: l.MaxDelay.Milliseconds()}
 	if l.Location != nil {
 		d.TimeZone = l.Location.String()
+	}
+	if l.Ban > 0 {
+		d.Ban = l.Ban.String()
 	}
 	return d
 }

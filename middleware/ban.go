@@ -313,8 +313,11 @@ func (l *Limiter) Bans(ctx context.Context, limit int) ([]Ban, int, error) {
 }
 
 // LiftBan ends the ban of key under rule and reports whether one was in
-// force; the deny cache forgets key's denials. With a shared store, the
-// other app servers stop applying it within the sync interval
+// force. It also drops the client's counters under the rule (as Reset
+// does, on a store that can), so that the client starts afresh: otherwise
+// the limit, still full, would refuse its next request and ban it again.
+// The deny cache forgets key's denials. With a shared store, the other app
+// servers stop applying the ban within the sync interval
 // (WithClientSync).
 func (l *Limiter) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 	if _, err := l.ruleNamed(rule); err != nil {
@@ -334,6 +337,11 @@ func (l *Limiter) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 			return was, fmt.Errorf("%w: %w", ErrStore, err)
 		}
 		was = was || ok
+	}
+	if _, ok := l.cfg.store.(Resetter); ok {
+		if err := l.Reset(ctx, rule, key); err != nil {
+			return was, err
+		}
 	}
 	return was, nil
 }

@@ -239,24 +239,31 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 			return fmt.Errorf("%w: %w", ErrStore, err)
 		}
 	}
-	ov := &override{o: o}
-	ov.compiled.Store(cl)
-	t := &l.clients.overrides
+	if err := l.clients.overrides.put(&override{o: o}, cl, now, l.cfg.maxOverrides); err != nil {
+		return err
+	}
+	l.reportClientState()
+	return nil
+}
+
+// put adds or replaces o, compiled as cl, unless the table holds max
+// overrides in force already and o is new.
+func (t *overrideTable) put(o *override, cl *compiledLimits, now time.Time, max int) error {
+	o.compiled.Store(cl)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id := clientID{o.Rule, o.Key}
-	if _, ok := t.m[id]; !ok && len(t.m) >= l.cfg.maxOverrides {
+	id := clientID{o.o.Rule, o.o.Key}
+	if _, ok := t.m[id]; !ok && len(t.m) >= max {
 		t.dropEnded(now)
-		if len(t.m) >= l.cfg.maxOverrides {
-			return fmt.Errorf("%w: %d held", ErrTooManyOverrides, l.cfg.maxOverrides)
+		if len(t.m) >= max {
+			return fmt.Errorf("%w: %d held", ErrTooManyOverrides, max)
 		}
 	}
 	if t.m == nil {
 		t.m = map[clientID]*override{}
 	}
-	t.m[id] = ov
+	t.m[id] = o
 	t.n.Store(int64(len(t.m)))
-	l.reportClientState()
 	return nil
 }
 

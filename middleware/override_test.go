@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,10 @@ func TestOverride(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
 			clk := testclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			opts := []middleware.Option{middleware.WithClock(clk.Now), middleware.WithMaxOverrides(2)}
+			var reported atomic.Int64
+			reported.Store(-1)
+			opts := []middleware.Option{middleware.WithClock(clk.Now), middleware.WithMaxOverrides(2),
+				middleware.WithObserver(&middleware.Hooks{OnClientState: func(overrides, _ int) { reported.Store(int64(overrides)) }})}
 			if store == "redis" {
 				opts = append(opts, middleware.WithStore(redisStoreFor(t)))
 			}
@@ -55,6 +59,9 @@ func TestOverride(t *testing.T) {
 			}
 			if q, qb := quota(h, a), quota(h, b); q != "100" || qb != "2" {
 				t.Fatalf("overridden: quota %s (other client %s), want 100 (2)", q, qb)
+			}
+			if n := reported.Load(); n != 1 {
+				t.Fatalf("observers told of %d overrides, want 1", n)
 			}
 			if got, ok := lim.Override("api", "ip:192.0.2.1"); !ok || got.Limits[0].Requests != 100 || !got.Until.Equal(o.Until) {
 				t.Fatalf("Override = %+v, %v", got, ok)

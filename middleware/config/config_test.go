@@ -1105,7 +1105,11 @@ rules:
 func TestExampleFile(t *testing.T) {
 	t.Parallel()
 	const path = "../../example/rules.yaml"
-	cfg, err := config.Load(path, testEnv())
+	env := testEnv()
+	// The example's program supplies the key name account (the account a
+	// login is for).
+	env.Keys = map[string]keyfunc.Func{"account": keyfunc.Header("X-Account")}
+	cfg, err := config.Load(path, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1113,7 +1117,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "login-failures", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)
@@ -1144,7 +1148,6 @@ func TestExampleFile(t *testing.T) {
 	}
 
 	// The file's plans need Env.Plan.
-	env := testEnv()
 	env.Plan = nil
 	_, err = config.Load(path, env)
 	if err == nil || !strings.HasPrefix(err.Error(), path+":") || !strings.Contains(err.Error(), "rules[0].plans: the program supplies no Env.Plan") {

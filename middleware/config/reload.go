@@ -14,8 +14,9 @@ import (
 	"github.com/sluicehq/sluice/middleware"
 )
 
-// DefaultInterval is how often Watch checks the file when given no interval.
-const DefaultInterval = 2 * time.Second
+// DefaultWatchInterval is how often Watch checks a rules file when given
+// no interval.
+const DefaultWatchInterval = 2 * time.Second
 
 // racyWindow is how recent a file's modification time must be for Check to
 // distrust it: a file written twice within the resolution of the file
@@ -184,7 +185,7 @@ func (r *Reloader) Check() (reloaded bool, err error) {
 	return true, r.apply(fi, data)
 }
 
-// Watch calls Check every interval (DefaultInterval if interval <= 0) until
+// Watch calls Check every interval (DefaultWatchInterval if interval <= 0) until
 // ctx is done. After each reload it tried, it calls onReload, if not nil,
 // with Check's error: nil when the new rules are in force.
 //
@@ -199,7 +200,7 @@ func (r *Reloader) Watch(ctx context.Context, interval time.Duration, onReload f
 		return
 	}
 	if interval <= 0 {
-		interval = DefaultInterval
+		interval = DefaultWatchInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
