@@ -48,6 +48,7 @@ var sluiceCode = []string{
 	"github.com/sluicehq/sluice/internal/redisstore.",
 	"github.com/sluicehq/sluice/internal/redispipe.",
 	"github.com/sluicehq/sluice/internal/slots.",
+	"github.com/sluicehq/sluice/internal/fleetstore.",
 }
 
 // sluiceGoroutines returns the stacks of the goroutines running sluice
@@ -141,8 +142,9 @@ func holdAndServe(t *testing.T, h http.Handler, n int) (finish func()) {
 // stores the caller made have returned, no goroutine the limiter or its
 // stores started is left: not the in-memory stores' sweepers, not the
 // Redis store's pipeline workers and probes, not the renewal of the leases
-// of concurrency slots nor the publishing of spare capacity, which do not
-// start again for requests decided after Close. Close is idempotent.
+// of concurrency slots, the publishing of spare capacity nor the syncing
+// of write-back counters, which do not start again for requests decided
+// after Close. Close is idempotent.
 //
 // It does not run in parallel with other tests, so that the goroutines it
 // sees are its own (those already running when it starts are ignored).
@@ -154,6 +156,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			// Elastic: the Limiter publishes its spare capacity to a
 			// shared store.
 			{Name: "elastic", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{{Requests: 1000, Window: time.Minute, Ceiling: 2000}}},
+			// Write-back: a shared store's coordination layer syncs in
+			// the background.
+			{Name: "write-back", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(1000)}, Sync: middleware.SyncWriteBack},
 		}
 	}
 	t.Run("memory", func(t *testing.T) {
@@ -200,7 +205,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		h := lim.Handler(holdNext)
 		finish := holdAndServe(t, h, 32)
 		running := sluiceGoroutines(before)
-		for _, fn := range []string{"(*Limiter).renewLoop", "(*Limiter).startFleet", "memstore.sweep"} {
+		for _, fn := range []string{"(*Limiter).renewLoop", "(*Limiter).startFleet", "fleetstore.(*Store).loop", "memstore.sweep"} {
 			if !hasGoroutine(running, fn) {
 				t.Fatalf("no %s seen while the limiter is open:\n%s", fn, strings.Join(running, "\n\n"))
 			}
@@ -212,8 +217,9 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		finish()
 		// The store is still open: requests decided after the limiter's
 		// Close take slots, whose leases are not renewed, and start no
-		// publishing of spare capacity, on this limiter and on one closed
-		// before it had elastic limits.
+		// publishing of spare capacity and no syncing of write-back
+		// counters, on this limiter and on one closed before it had
+		// elastic or write-back limits.
 		fresh, err := middleware.NewRules(rules()[:1], middleware.WithStore(store))
 		if err != nil {
 			t.Fatal(err)
@@ -227,7 +233,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		for _, h := range []http.Handler{h, fresh.Handler(holdNext)} {
 			finish = holdAndServe(t, h, 0)
 			left := sluiceGoroutines(before)
-			for _, fn := range []string{"renewLoop", "startFleet"} {
+			for _, fn := range []string{"renewLoop", "startFleet", "fleetstore."} {
 				if hasGoroutine(left, fn) {
 					t.Fatalf("%s started again after Close:\n%s", fn, strings.Join(left, "\n\n"))
 				}

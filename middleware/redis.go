@@ -159,6 +159,10 @@ func (r *RedisStore) Renew(ctx context.Context, now time.Time, s []*Slot) error 
 	return r.s.Renew(ctx, now, internalSlots(s))
 }
 
+// fleetBackend returns the store through which the coordination layer of
+// lease and write-back modes counts; see fleetBacked.
+func (r *RedisStore) fleetBackend() *redisstore.Store { return r.s }
+
 // publishSpare publishes this app server's spare capacity and reads the
 // fleet's; see fleetPublisher.
 func (r *RedisStore) publishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {

@@ -271,8 +271,9 @@ type Decision struct {
 //     batches), which reach the Limiter's Observers.
 //   - MemoryReporter: the counters of Limiter.Stats.
 //
-// (Elastic limits share the fleet's spare capacity through an unexported
-// method of RedisStore, which only embedding forwards.)
+// (Elastic limits' shared spare capacity, fleet modes (Rule.Sync), and the
+// fleet's bans and overrides reach the Redis store through unexported
+// methods of RedisStore, which only embedding forwards.)
 //
 // Whoever makes a store closes it: a store given to WithStore or
 // WithFallbackStore is the caller's to close, after the Limiters that use

@@ -236,3 +236,36 @@ func TestCloseConcurrent(t *testing.T) {
 		t.Errorf("Decide after Close: %v (the in-memory stores still count)", err)
 	}
 }
+
+// TestWrappedRedisStoreKeepsFleetMode: a store that embeds *RedisStore
+// keeps the coordination layer of write-back mode, which counts in memory
+// and syncs to Redis (its flush at Close reaches the observers), instead
+// of silently deciding every request exactly.
+func TestWrappedRedisStoreKeepsFleetMode(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	store := &tracedStore{RedisStore: rs}
+	var synced atomic.Int64
+	lim, err := middleware.NewRules([]middleware.Rule{{Name: "wb", Key: keyfunc.RemoteIP(),
+		Limits: []middleware.Limit{middleware.PerMinute(100)}, Sync: middleware.SyncWriteBack}},
+		middleware.WithStore(store), middleware.WithObserver(&middleware.Hooks{OnSynced: func(middleware.SyncEvent) { synced.Add(1) }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1"))); err != nil || !res.Allowed {
+			t.Fatalf("Decide = %+v, %v", res, err)
+		}
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if synced.Load() == 0 {
+		t.Errorf("no sync event through a store that embeds *RedisStore (%d Take calls): write-back mode was not used", store.takes.Load())
+	}
+}

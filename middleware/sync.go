@@ -123,8 +123,15 @@ func (c *compiledRule) compileSync() error {
 // syncLayer is the coordination layer of a Limiter whose rules use lease
 // or write-back mode, made on first need.
 type syncLayer struct {
-	mu    sync.Mutex
-	store atomic.Pointer[fleetstore.Store]
+	mu     sync.Mutex
+	store  atomic.Pointer[fleetstore.Store]
+	closed bool // by Limiter.Close: no layer is made again
+}
+
+// fleetBacked is implemented by stores that can carry the coordination
+// layer: RedisStore, and stores that embed it.
+type fleetBacked interface {
+	fleetBackend() *redisstore.Store
 }
 
 // bindSync gives the coordination layer the settings of the rules of set,
@@ -143,10 +150,11 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 	defer sl.mu.Unlock()
 	fs := sl.store.Load()
 	if fs == nil {
-		if len(rules) == 0 {
+		if len(rules) == 0 || sl.closed {
+			// After Close no syncer starts: every mode decides exactly.
 			return nil
 		}
-		rs, ok := l.cfg.store.(*RedisStore)
+		fb, ok := l.cfg.store.(fleetBacked)
 		if !ok {
 			// One process counts alone (the in-memory store) or the store
 			// coordinates itself: every mode decides exactly.
@@ -154,7 +162,7 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 		}
 		var err error
 		fs, err = fleetstore.New(fleetstore.Config{
-			Backend: rs.s, Exact: rs.s, ID: redisstore.FleetID,
+			Backend: fb.fleetBackend(), Exact: fb.fleetBackend(), ID: redisstore.FleetID,
 			MaxKeys: l.cfg.syncMaxKeys, Now: l.cfg.clock, Events: l.syncEvents(), Manual: l.cfg.syncManual,
 		})
 		if err != nil {
@@ -169,7 +177,12 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 // stopSync pushes what is unsynced, gives back what is leased and stops
 // the syncer.
 func (l *Limiter) stopSync() {
-	if fs := l.syncs.store.Load(); fs != nil {
+	sl := &l.syncs
+	sl.mu.Lock()
+	sl.closed = true
+	fs := sl.store.Load()
+	sl.mu.Unlock()
+	if fs != nil {
 		fs.Close()
 	}
 }

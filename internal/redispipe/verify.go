@@ -63,8 +63,10 @@ type watch struct {
 	// bytes on sock are records still to decrypt.
 	sock   syscall.RawConn
 	sealed bool
-	// dialing is set while prepareWatch dials.
+	// dialing is set while prepareWatch dials; dialed is closed when it
+	// is done.
 	dialing bool
+	dialed  chan struct{}
 	closed  bool
 	buf     [256]byte
 	// last is the latest verdict, made with a PING written at lastAt.
@@ -94,6 +96,21 @@ func (d *dest) verify(since time.Time) verdict {
 		v := w.last
 		w.mu.Unlock()
 		return v
+	}
+	if w.conn == nil && w.dialing {
+		// The background dial is under way: its deadline is a long one,
+		// which a process short of CPU needs; a dial of our own would
+		// have a short one.
+		dialed := w.dialed
+		w.mu.Unlock()
+		t := time.NewTimer(prepareDialTimeout)
+		select {
+		case <-dialed:
+		case <-t.C:
+		case <-d.p.ctx.Done():
+		}
+		t.Stop()
+		w.mu.Lock()
 	}
 	d.mu.Lock()
 	wait := min(max(verifyWait, 2*d.peak), maxVerifyWait)
@@ -144,6 +161,8 @@ func (d *dest) prepareWatch() {
 		return
 	}
 	w.dialing = true
+	dialed := make(chan struct{})
+	w.dialed = dialed
 	w.mu.Unlock()
 	d.p.wg.Add(1)
 	go func() {
@@ -152,6 +171,7 @@ func (d *dest) prepareWatch() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.dialing = false
+		close(dialed)
 		if err != nil {
 			return
 		}
