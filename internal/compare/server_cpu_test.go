@@ -17,6 +17,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ulule/limiter/v3"
+	"github.com/ulule/limiter/v3/drivers/middleware/stdlib"
+	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
 )
 
 // serveEnv names, in the environment of a child process of
@@ -25,7 +34,35 @@ import (
 const (
 	serveEnv   = "SLUICE_COMPARE_SERVE"
 	profileEnv = "SLUICE_COMPARE_SERVE_PROFILE"
+	// serveRedisEnv is the address of the Redis server of the limiters
+	// on Redis.
+	serveRedisEnv = "SLUICE_COMPARE_SERVE_REDIS"
 )
+
+// redisServed are the net/http middleware on Redis of
+// BenchmarkServerCPURedis, each on a go-redis client of default options.
+var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler{
+	"sluice-redis": func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
+		st, err := middleware.NewRedisStore(c, middleware.RedisConfig{Prefix: "sluice-cpu:"})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = st.Close() })
+		lim, err := middleware.New(middleware.PerMinute(bigLimit), keyfunc.RemoteIP(), middleware.WithStore(st))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = lim.Close() })
+		return lim.Handler(next)
+	},
+	"ulule-redis": func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
+		st, err := ululeredis.NewStoreWithOptions(c, limiter.StoreOptions{Prefix: "ulule-cpu"})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return stdlib.NewMiddleware(limiter.New(st, limiter.Rate{Period: time.Minute, Limit: bigLimit})).Handler(next)
+	},
+}
 
 // serverConns is the number of keep-alive connections of
 // BenchmarkServerCPU.
@@ -55,11 +92,28 @@ func BenchmarkServerCPU(b *testing.B) {
 	for _, l := range httpLimiters {
 		names = append(names, l.name)
 	}
+	serveCPUCases(b, names, "")
+}
+
+// BenchmarkServerCPURedis is BenchmarkServerCPU for the limiters whose
+// net/http middleware runs on Redis, sluice (exact mode) and ulule, each
+// with a go-redis client of default options of its own, on a redis-server
+// of the benchmark's own:
+//
+//	go test -run '^$' -bench BenchmarkServerCPURedis -benchtime 20000x -count 3
+func BenchmarkServerCPURedis(b *testing.B) {
+	srv := redistest.Standalone(b)
+	serveCPUCases(b, []string{"baseline", "sluice-redis", "ulule-redis"}, srv.Addr())
+}
+
+// serveCPUCases runs the cases of BenchmarkServerCPU for the limiters names,
+// with the Redis server at redisAddr, if any.
+func serveCPUCases(b *testing.B, names []string, redisAddr string) {
 	for _, clients := range []string{"one-address", "32-addresses"} {
 		var baseline float64
 		for _, name := range names {
 			b.Run(clients+"/"+name, func(b *testing.B) {
-				perReq := serveAndMeasure(b, name, clients, clients == "32-addresses")
+				perReq := serveAndMeasure(b, name, clients, clients == "32-addresses", redisAddr)
 				b.ReportMetric(perReq, "server-cpu-µs/req")
 				if name == "baseline" {
 					baseline = perReq
@@ -74,9 +128,9 @@ func BenchmarkServerCPU(b *testing.B) {
 // serveAndMeasure starts a server process behind the limiter name, sends
 // it b.N requests over serverConns connections and returns its CPU time
 // per request, in microseconds.
-func serveAndMeasure(b *testing.B, name, label string, distinct bool) float64 {
+func serveAndMeasure(b *testing.B, name, label string, distinct bool, redisAddr string) float64 {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServeForCPU$", "-test.count=1")
-	cmd.Env = append(os.Environ(), serveEnv+"="+name)
+	cmd.Env = append(os.Environ(), serveEnv+"="+name, serveRedisEnv+"="+redisAddr)
 	if dir := os.Getenv(profileEnv); dir != "" {
 		cmd.Env = append(cmd.Env, profileEnv+"="+dir+"/"+label+"-"+name+".pprof")
 	} else {
@@ -186,7 +240,11 @@ func TestServeForCPU(t *testing.T) {
 		t.Skip("the server process of BenchmarkServerCPU")
 	}
 	h := http.Handler(bare)
-	if name != "baseline" {
+	if wrap, ok := redisServed[name]; ok {
+		c := redis.NewClient(&redis.Options{Addr: os.Getenv(serveRedisEnv)})
+		t.Cleanup(func() { c.Close() })
+		h = wrap(t, c, bare)
+	} else if name != "baseline" {
 		found := false
 		for _, l := range httpLimiters {
 			if l.name == name {

@@ -165,8 +165,12 @@ func TestCommand(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !strings.Contains(logs.String(), "rules reloaded") {
-		t.Errorf("no reload logged:\n%s", logs)
+	// The reload is logged just after the new rules are in force.
+	for !strings.Contains(logs.String(), "rules reloaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged:\n%s", logs)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
