@@ -438,7 +438,10 @@ func TestRedisStopped(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Standalone(t)
-			store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t)})
+			// The store would wait 2 s for a hung server, and never takes
+			// it as down for being slow: a call that returns well before
+			// that was bounded by the service's 10 ms.
+			store := redisStore(t, srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), Timeout: 2 * time.Second, StallThreshold: -1})
 			obs := &outcomes{}
 			r := startRLS(t, store, envoyrls.Options{}, []middleware.Option{middleware.WithFailurePolicy(policy), middleware.WithObserver(obs)}, conformance)
 			// The first calls connect and load the script, which may take
@@ -474,7 +477,7 @@ func TestRedisStopped(t *testing.T) {
 						Domain: "conf", Descriptors: []*commonv3.RateLimitDescriptor{desc("client=a"), desc("database=users"), desc("client=b", "+0")}})
 					took := time.Since(begin) - lags.Worst(begin, time.Now())
 					tooks = append(tooks, took)
-					if took > 60*time.Millisecond { // a hang would last the store's 100ms, or more
+					if took > 100*time.Millisecond { // a hang would last the store's 2 s
 						t.Errorf("%s call %d took %v beyond the scheduling lag it met: want it bounded by the 10ms timeout", phase, i+1, took)
 					}
 					switch policy {
@@ -492,8 +495,9 @@ func TestRedisStopped(t *testing.T) {
 					}
 				}
 				slices.Sort(tooks)
+				t.Logf("%s: calls took %v beyond the scheduling lag they met", phase, tooks)
 				if tooks[2] > 20*time.Millisecond {
-					t.Errorf("%s: median call %v beyond the scheduling lag: want well inside 20ms (all: %v)", phase, tooks[2], tooks)
+					t.Errorf("%s: the median call took %v beyond the scheduling lag: want inside Envoy's 20 ms", phase, tooks[2])
 				}
 				if got := obs.failedOpen.Load() - before; policy == middleware.FailOpen && got != 10 {
 					t.Errorf("%s: observer counted %d calls failed open, want 10 (2 counted descriptors x 5)", phase, got)

@@ -165,8 +165,12 @@ func TestCommand(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !strings.Contains(logs.String(), "rules reloaded") {
-		t.Errorf("no reload logged:\n%s", logs)
+	// The reload is logged just after the new rules are in force.
+	for !strings.Contains(logs.String(), "rules reloaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged:\n%s", logs)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -184,6 +188,7 @@ func TestCommandRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn, _, logs := start(t, "-config", "redis:///"+key, "-redis", srv.Addr(), "-redis-prefix", prefix, "-failure", "closed", "-timeout", "1s",
+		"-poll", "200ms", // a backstop for an announcement sent before the subscription is up
 		"-redis-stall", "-1ms") // a busy machine's slow answers are not an outage here
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	if !strings.Contains(logs.String(), "store ready") {
