@@ -105,6 +105,14 @@ func deny(p pol, remaining, reset, retry, next int) want {
 	return want{status: http.StatusTooManyRequests, rl: &rl{p: p, remaining: remaining, reset: reset, next: next, retry: retry}, body: body}
 }
 
+// banned is a 429 of a banned client: every field says when the ban ends,
+// left seconds from now.
+func banned(p pol, left int) want {
+	w := deny(p, 0, left, left, left)
+	w.body = strings.Replace(w.body, "rate limit exceeded", "banned for exceeding the rate limit", 1)
+	return w
+}
+
 var (
 	unlimited = want{status: http.StatusOK, body: okBody}
 	noKey     = want{status: http.StatusBadRequest, body: `{"error":"request has no rate-limit key (for example a missing API key)"}` + "\n"}
@@ -544,6 +552,18 @@ func scenarios() []scenario {
 				get("/status/404").wants(answer(404, p1, 0, 120, 120)),
 				get("/panic").wants(recovered(p1, 0, 120, 120)),
 				get("/status/200").wants(deny(p1, 0, 120, 120, 120)),
+			},
+		},
+		{
+			// A limit with a ban: once refused, refused for the ban's hour,
+			// whatever the window would admit, and the fields say so.
+			name:  "ban/hour",
+			rules: limitRule(middleware.Limit{Requests: 1, Window: time.Minute, Ban: time.Hour}),
+			steps: []step{
+				get("/hello").wants(allow(p1, 0, 120, 120)),
+				get("/hello").wants(banned(p1, 3600)),
+				get("/hello").after(2 * time.Minute).wants(banned(p1, 3480)),
+				get("/hello").after(58 * time.Minute).wants(allow(p1, 0, 120, 120)),
 			},
 		},
 		{

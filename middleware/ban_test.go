@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testclock"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -143,5 +144,39 @@ func TestBanFleet(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// TestBanKeptLocally: an app server that has seen a ban refuses the
+// client without asking Redis again, so the ban holds even while Redis is
+// down (where the limiter would otherwise fail open).
+func TestBanKeptLocally(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	clk := testclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	lim, err := middleware.NewRules(banRules(), middleware.WithStore(store), middleware.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for i, want := range []int{200, 200, 429} {
+		if rr := doFrom(h, "192.0.2.1:1", "/login"); rr.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rr.Code, want)
+		}
+	}
+	srv.Kill()
+	clk.Add(time.Minute)
+	if rr := doFrom(h, "192.0.2.1:1", "/login"); rr.Code != 429 || rr.Header().Get("Retry-After") != "3540" {
+		t.Fatalf("banned client with Redis down: %d Retry-After %q, want 429 3540", rr.Code, rr.Header().Get("Retry-After"))
+	}
+	// Another client fails open, as the policy says.
+	if rr := doFrom(h, "192.0.2.2:1", "/login"); rr.Code != 200 {
+		t.Fatalf("another client with Redis down: %d, want 200 (fail open)", rr.Code)
 	}
 }

@@ -78,8 +78,11 @@ type clientState struct {
 	shared sharedState
 	// version is the shared version last loaded, and loaded whether one
 	// was.
-	version  atomic.Int64
-	loaded   atomic.Bool
+	version atomic.Int64
+	loaded  atomic.Bool
+	// gen counts the changes this Limiter made to its overrides, so that
+	// a reload read before one does not undo it.
+	gen      atomic.Int64
 	stopOnce sync.Once
 	stop     chan struct{}
 	done     chan struct{}
@@ -239,6 +242,7 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 			return fmt.Errorf("%w: %w", ErrStore, err)
 		}
 	}
+	l.clients.gen.Add(1) // before the change: a reload that read before it is dropped
 	if err := l.clients.overrides.put(&override{o: o}, cl, now, l.cfg.maxOverrides); err != nil {
 		return err
 	}
@@ -328,6 +332,7 @@ func compareStrings(a, b string) int {
 // shared store, for the fleet, and reports whether there was one.
 func (l *Limiter) RemoveOverride(ctx context.Context, rule, key string) (bool, error) {
 	t := &l.clients.overrides
+	l.clients.gen.Add(1) // before the change, as in SetOverride
 	t.mu.Lock()
 	_, was := t.m[clientID{rule, key}]
 	delete(t.m, clientID{rule, key})
@@ -427,6 +432,7 @@ func (l *Limiter) syncOnce(timeout time.Duration) {
 // loadOverrides replaces the overrides with the fleet's.
 func (l *Limiter) loadOverrides(ctx context.Context) error {
 	cs := &l.clients
+	gen := cs.gen.Load()
 	v, list, err := cs.shared.loadOverrides(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: load the overrides: %w", ErrStore, err)
@@ -446,6 +452,13 @@ func (l *Limiter) loadOverrides(ctx context.Context) error {
 	}
 	t := &cs.overrides
 	t.mu.Lock()
+	if cs.gen.Load() != gen {
+		// This Limiter changed an override while the fleet's were read:
+		// they may not include the change. The next sync reads them again
+		// (the change moved the version on).
+		t.mu.Unlock()
+		return nil
+	}
 	t.m = m
 	t.n.Store(int64(len(m)))
 	t.mu.Unlock()

@@ -63,9 +63,8 @@ func (s *settlement) finish(status int) {
 	if len(back) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := s.store.Refund(ctx, s.at, back); err != nil {
+	// The stores bound their own calls (the Redis store by its Timeout).
+	if err := s.store.Refund(context.Background(), s.at, back); err != nil {
 		// The charges stay counted: it errs on the side of refusing.
 		s.l.cfg.report(nil, fmt.Errorf("%w: give back the charge of an uncounted response (status %d) of rule %q: %w", ErrStore, status, back[0].Name, err))
 	}
