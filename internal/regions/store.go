@@ -29,6 +29,8 @@ const (
 	// pushes to it started failing, when Config.Hold is 0; after it, the
 	// peer counts as its share.
 	DefaultHold = 5 * time.Second
+	// maxInflight bounds the pushes on their way to one peer.
+	maxInflight = 16
 	// DefaultMaxKeys bounds the counters a Store syncs when
 	// Config.MaxKeys is 0.
 	DefaultMaxKeys = 1 << 20
@@ -106,9 +108,10 @@ type live struct {
 type peerState struct {
 	lastOK int64 // ms, local clock
 	down   bool
-	// busy: a push is on its way; lastTry is when the last one began.
-	busy    bool
-	lastTry int64
+	// inflight is how many pushes are on their way; lastTry is when the
+	// last one began.
+	inflight int
+	lastTry  int64
 }
 
 // Store decides global limits on the region's own Redis and syncs the
@@ -254,9 +257,12 @@ func (s *Store) Sync(ctx context.Context, now int64) error {
 }
 
 // sync is Sync; without wait, it returns once the pushes are on their
-// way, and a peer whose last push has not answered yet is skipped (its
-// counters stay due), so that a slow or unreachable peer does not delay
-// the others.
+// way. Pushes to a peer do not wait for the ones before them to answer
+// (merges are idempotent and commutative, so their order does not
+// matter): a counter reaches a far peer every sync interval, not every
+// round trip, and a slow peer delays no other. At most maxInflight
+// pushes per peer are on their way; beyond, the peer is skipped and its
+// counters stay due.
 func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
@@ -271,7 +277,7 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 	}
 	for _, p := range s.names {
 		ps := s.peers[p]
-		if ps.busy {
+		if ps.inflight >= maxInflight {
 			continue
 		}
 		var due []string
@@ -287,8 +293,9 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 		}
 		// With nothing to push, a ping every default interval tells
 		// whether the peer is reachable.
-		if len(due) > 0 || now-ps.lastTry >= DefaultSyncInterval.Milliseconds() {
-			ps.busy, ps.lastTry = true, now
+		if len(due) > 0 || (ps.inflight == 0 && now-ps.lastTry >= DefaultSyncInterval.Milliseconds()) {
+			ps.inflight++
+			ps.lastTry = now
 			work[p] = due
 		}
 	}
@@ -306,7 +313,7 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			s.mu.Lock()
 			for p := range work {
-				s.peers[p].busy = false
+				s.peers[p].inflight--
 			}
 			s.mu.Unlock()
 			return err
@@ -326,7 +333,7 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 			defer wg.Done()
 			err := s.push(context.WithoutCancel(ctx), now, p, due, own)
 			s.mu.Lock()
-			s.peers[p].busy = false
+			s.peers[p].inflight--
 			s.stale = s.staleLocked()
 			s.mu.Unlock()
 			errs <- err
