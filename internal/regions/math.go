@@ -107,7 +107,9 @@ func Share(limit int64, n int) int64 {
 // Bound is the most the regions together admit over a global limit of
 // limit units in one window, for a total admit rate rate (requests per
 // second across regions), sync interval t, one-way delay d and n regions:
-// min(rate × (t + d), (n − 1) × limit), rounded up.
+// min(rate × (t + d), (n − 1) × limit), rounded up. rate × (t + d) stands
+// for what the regions admit in any interval of t + d: for a burst, use
+// the burst's rate over that interval.
 func Bound(rate float64, t, d time.Duration, n int, limit int64) int64 {
 	lag := int64(math.Ceil(rate * (t + d).Seconds()))
 	return min(lag, int64(n-1)*limit)

@@ -57,6 +57,7 @@ type result struct {
 	maxAfter  int64   // the most in windows starting a hold time into a partition, or later
 	p99       map[string]time.Duration
 	rate      float64 // the most requests offered per second across regions, in one window
+	offered   []int64 // the instants of every request offered (Unix ms), sorted
 	converge  time.Duration
 	errs      int64
 }
@@ -74,6 +75,9 @@ func storesFor(t testing.TB, sim *regiontest.Sim, m mode, p params) map[string]*
 		switch m {
 		case global:
 			cfg.Peers = sim.Peers(t, r)
+			for _, c := range cfg.Peers {
+				warm(c, 16)
+			}
 		case strict:
 			cfg.Region = "home"
 			if r != regiontest.USEast1 {
@@ -94,8 +98,9 @@ func storesFor(t testing.TB, sim *regiontest.Sim, m mode, p params) map[string]*
 	return out
 }
 
-// warm opens n connections of c at once, so that requests measure the
-// round trip and not a new connection's handshake.
+// warm opens n connections of c at once, as a server that has run for a
+// while has them, so that requests and pushes measure the round trip and
+// not a new connection's handshake.
 func warm(c redis.UniversalClient, n int) {
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -204,6 +209,7 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 		}
 		maxRate = max(maxRate, sum+float64(sc.burst*len(sim.Names)*len(sc.at))/p.window.Seconds())
 	}
+	var offered []int64
 	var lw sync.WaitGroup
 	for _, r := range sim.Names {
 		lw.Add(1)
@@ -223,6 +229,9 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 					}
 				}
 				slices.Sort(at)
+				mu.Lock()
+				offered = append(offered, at...)
+				mu.Unlock()
 				for _, t := range at {
 					time.Sleep(time.Until(time.UnixMilli(t)))
 					decide(r, t)
@@ -233,7 +242,8 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 	lw.Wait()
 	wg.Wait()
 
-	res := result{perWindow: admitted, p99: map[string]time.Duration{}, rate: maxRate, converge: converge, errs: errs.Load()}
+	slices.Sort(offered)
+	res := result{perWindow: admitted, p99: map[string]time.Duration{}, rate: maxRate, offered: offered, converge: converge, errs: errs.Load()}
 	after := 0
 	if sc.cut != "" {
 		// A peer is unreachable once a push or a ping (every
@@ -255,10 +265,12 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 	return res
 }
 
-// boundFor is the stated bound of p for a total rate, with the largest
-// one-way delay of the simulation; the syncer's tick is added to the sync
-// interval (a counter is pushed at the first tick once it is due).
-func boundFor(sim *regiontest.Sim, p params, rate float64) int64 {
+// boundFor is the stated bound of p for the load of res, with the
+// largest one-way delay of the simulation: min(R × (T + d), (N − 1) × L),
+// where R × (T + d) is the most requests offered across regions in any
+// interval of T + d (for a burst, the burst), and the syncer's tick is
+// added to T (a counter is pushed at the first tick once it is due).
+func boundFor(sim *regiontest.Sim, p params, res result) int64 {
 	var d time.Duration
 	for _, a := range sim.Names {
 		for _, b := range sim.Names {
@@ -267,7 +279,15 @@ func boundFor(sim *regiontest.Sim, p params, rate float64) int64 {
 			}
 		}
 	}
-	return Bound(rate, p.sync+p.tick, d, len(sim.Names), p.limit)
+	lag := (p.sync + p.tick + d).Milliseconds()
+	var most, j int
+	for i, t := range res.offered {
+		for res.offered[j] <= t-lag {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	return min(int64(most), int64(len(sim.Names)-1)*p.limit)
 }
 
 func balanced(per float64) func(string, int) float64 {
@@ -310,7 +330,7 @@ func TestScenarios(t *testing.T) {
 				q.windows = 6
 			}
 			res := runScenario(t, sim, sc, global, q)
-			bound := boundFor(sim, q, res.rate)
+			bound := boundFor(sim, q, res)
 			t.Logf("global: admitted per window %v, limit %d, bound %d, convergence %v, p99 %v", res.perWindow, q.limit, bound, res.converge, res.p99)
 			if res.errs > 0 {
 				t.Fatalf("%d decisions failed: a global decision must not need a peer", res.errs)

@@ -64,7 +64,7 @@ func TestRegionsTable(t *testing.T) {
 				strictMax += fmt.Sprintf(" (%d failed: home unreachable)", st.errs)
 			}
 			fmt.Fprintf(&b, "| %s | %v | %s | %d | %d | %d | %s | %s / %s ms | %s ms | %s |\n",
-				sc.name, T, most, p.limit, boundFor(sim, q, g.rate), pr.max, strictMax,
+				sc.name, T, most, p.limit, boundFor(sim, q, g), pr.max, strictMax,
 				ms(st.p99[regiontest.EUWest1]), ms(st.p99[regiontest.APSoutheast1]), ms(maxP99(g)), conv)
 			if g.errs+pr.errs > 0 {
 				t.Errorf("%s, %v: %d decisions failed", sc.name, T, g.errs+pr.errs)
