@@ -45,8 +45,9 @@
 // shard evicts the least recently used of 8 entries drawn at random; the
 // deltas and slices of an evicted counter are pushed and given back by the
 // next tick, or dropped (and counted) if more than 4096 wait. An entry is
-// 112 bytes, plus its share of the index: about 120 bytes per counter in
-// all (TestMemoryPerKey). There is one goroutine per store (the syncer,
+// 112 bytes, plus its share of the index and of the allocator's rounding:
+// the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
+// at most 128). There is one goroutine per store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
 // runs), and a busy counter's next slice is asked for on a goroutine that
 // lives until the answer; none per counter.

@@ -2,6 +2,7 @@ package fleetstore
 
 import (
 	"sync"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/fleet"
 	"github.com/sluicehq/sluice/internal/window"
@@ -13,9 +14,27 @@ import (
 // table.
 type ident struct{ h1, h2 uint64 }
 
-// chunkSize is the number of entries per chunk of a shard: entries never
-// move when a shard grows, and a shard costs no more than its entries.
-const chunkSize = 256
+// entrySize is the size of an entry in bytes.
+const entrySize = int(unsafe.Sizeof(entry{}))
+
+// chunkSize is the number of entries of a full chunk of a shard: entries
+// never move when a shard grows, and a shard costs little more than its
+// entries. A chunk takes a power of two of bytes (32 KiB when full), which
+// the allocator gives without rounding up, and holds as many entries as
+// fit: 256 entries of 112 bytes would take a 32 KiB block all the same,
+// 16 bytes more per entry.
+const chunkSize = 32 << 10 / entrySize
+
+// grown returns the capacity of a chunk after one of n entries: the
+// entries that twice its bytes, rounded up to a power of two, hold, up to
+// chunkSize; 1 KiB's worth for a new chunk (n = 0).
+func grown(n int) int {
+	b := 1 << 10
+	for b/entrySize <= n {
+		b *= 2
+	}
+	return min(b/entrySize, chunkSize)
+}
 
 // Entry flags.
 const (
@@ -126,12 +145,13 @@ func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 	i := sh.n
 	if i/chunkSize == len(sh.chunks) {
 		// Chunks start small and double up to chunkSize, so that a shard
-		// wastes at most half of its last chunk.
-		sh.chunks = append(sh.chunks, make([]entry, 8))
+		// wastes at most about half of its last chunk.
+		sh.chunks = append(sh.chunks, make([]entry, grown(0)))
 	} else if c := &sh.chunks[i/chunkSize]; i%chunkSize == len(*c) {
 		// Grown by copying: no pointer into a shard's entries outlives
 		// its lock.
-		*c = append(make([]entry, 0, min(2*len(*c), chunkSize)), *c...)[:min(2*len(*c), chunkSize)]
+		n := grown(len(*c))
+		*c = append(make([]entry, 0, n), *c...)[:n]
 	}
 	sh.n++
 	e = sh.at(i)

@@ -188,6 +188,7 @@ func TestCommandRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn, _, logs := start(t, "-config", "redis:///"+key, "-redis", srv.Addr(), "-redis-prefix", prefix, "-failure", "closed", "-timeout", "1s",
+		"-poll", "200ms", // a backstop for an announcement sent before the subscription is up
 		"-redis-stall", "-1ms") // a busy machine's slow answers are not an outage here
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	if !strings.Contains(logs.String(), "store ready") {
