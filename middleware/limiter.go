@@ -110,6 +110,9 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err := l.bindSync(set); err != nil {
 		return err
 	}
+	if rs, ok := l.cfg.store.(*RegionStore); ok {
+		rs.bindScopes(set)
+	}
 	l.bindOverload(set)
 	l.rules.Store(set)
 	return nil
