@@ -41,6 +41,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -71,8 +72,22 @@ func run(args []string) error {
 	cache := fs.String("config-cache", "", "file that keeps the last good rules of a -config URL or Redis key, used at start when the source is down")
 	framework := fs.String("framework", "nethttp", "nethttp, gin, echo or fiber")
 	adminAddr := fs.String("admin-addr", "127.0.0.1:9090", "listen address of the admin handler (rules, peek, reset); empty turns it off")
+	region := fs.String("region", "", "this server's region, with -redis its Redis; limits of rules with scope: global are shared with the -peer regions")
+	home := fs.String("home", "", "with -region, the region whose Redis decides rules with scope: global_strict (default: this one)")
+	peers := map[string]string{}
+	fs.Func("peer", "a peer region, NAME=ADDR (a Redis host:port or redis:// URL); repeatable", func(v string) error {
+		name, addr, ok := strings.Cut(v, "=")
+		if !ok || name == "" || addr == "" {
+			return fmt.Errorf("want NAME=ADDR, got %q", v)
+		}
+		peers[name] = addr
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if (*region != "" || len(peers) > 0) && (*redisAddr == "" || *region == "") {
+		return errors.New("-region and -peer need -redis (the region's own Redis) and -region")
 	}
 	serve, ok := frameworks[*framework]
 	if !ok {
@@ -103,13 +118,23 @@ func run(args []string) error {
 			return err
 		}
 		defer client.Close()
-		s, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: "sluice-example:"})
-		if err != nil {
-			return err
+		if *region != "" {
+			s, err := newRegionStore(client, *region, *home, peers)
+			if err != nil {
+				return err
+			}
+			defer s.Close() // after the limiter's Close, deferred below
+			opts = append(opts, middleware.WithStore(s))
+			store = fmt.Sprintf("region %s, redis %s, %d peers", *region, *redisAddr, len(peers))
+		} else {
+			s, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: "sluice-example:"})
+			if err != nil {
+				return err
+			}
+			defer s.Close() // after the limiter's Close, deferred below
+			opts = append(opts, middleware.WithStore(s))
+			store = "redis " + *redisAddr
 		}
-		defer s.Close() // after the limiter's Close, deferred below
-		opts = append(opts, middleware.WithStore(s))
-		store = "redis " + *redisAddr
 	}
 
 	var lim *middleware.Limiter
@@ -297,6 +322,26 @@ func newRedis(addr string) (*redis.Client, error) {
 	}
 	opts.ContextTimeoutEnabled = true
 	return redis.NewClient(opts), nil
+}
+
+// newRegionStore makes the store of a server in region, on its own Redis
+// client, with a client of each peer region's Redis.
+func newRegionStore(client *redis.Client, region, home string, peers map[string]string) (*middleware.RegionStore, error) {
+	pc := map[string]redis.UniversalClient{}
+	for name, addr := range peers {
+		c, err := newRedis(addr)
+		if err != nil {
+			return nil, err
+		}
+		pc[name] = c
+	}
+	if home == "" {
+		home = region
+	}
+	return middleware.NewRegionStore(middleware.RegionConfig{
+		Region: region, Redis: client, Peers: pc, Home: home,
+		Prefix: "sluice-example:rg:", RedisConfig: middleware.RedisConfig{Prefix: "sluice-example:"},
+	})
 }
 
 func defaultAddr() string {

@@ -59,6 +59,10 @@ import (
 //     (Rule.Sync) counted units locally, leased, gave back, dropped, or
 //     ran its syncer (SyncFlushed, on the syncer's goroutine); see
 //     SyncEvent.
+//   - Region: the syncer of a RegionStore synced global counts to a peer
+//     region, failed to, found a peer unreachable for longer than the hold
+//     time or reachable again (on the syncer's goroutine); see
+//     RegionEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -84,6 +88,7 @@ type Observer interface {
 	BanStarted(rule string, d time.Duration)
 	ClientState(overrides, bans int)
 	Synced(e SyncEvent)
+	Region(e RegionEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -144,6 +149,9 @@ func (NopObserver) ClientState(int, int) {}
 // Synced does nothing.
 func (NopObserver) Synced(SyncEvent) {}
 
+// Region does nothing.
+func (NopObserver) Region(RegionEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -169,6 +177,7 @@ type Hooks struct {
 	OnBanStarted      func(rule string, d time.Duration)
 	OnClientState     func(overrides, bans int)
 	OnSynced          func(e SyncEvent)
+	OnRegion          func(e RegionEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -261,6 +270,13 @@ func (h *Hooks) ClientState(overrides, bans int) {
 func (h *Hooks) Synced(e SyncEvent) {
 	if h != nil && h.OnSynced != nil {
 		h.OnSynced(e)
+	}
+}
+
+// Region calls OnRegion, if set.
+func (h *Hooks) Region(e RegionEvent) {
+	if h != nil && h.OnRegion != nil {
+		h.OnRegion(e)
 	}
 }
 
@@ -367,6 +383,12 @@ func (m multiObserver) ClientState(overrides, bans int) {
 func (m multiObserver) Synced(e SyncEvent) {
 	for _, o := range m {
 		o.Synced(e)
+	}
+}
+
+func (m multiObserver) Region(e RegionEvent) {
+	for _, o := range m {
+		o.Region(e)
 	}
 }
 

@@ -152,6 +152,8 @@ type Rule struct {
 	Lease int
 	// SyncInterval is, for SyncWriteBack, how often deltas are pushed and,
 	// for SyncLease, how long a slice lives; 0 means DefaultSyncInterval.
+	// For ScopeGlobal, it is how often the region's counts are written to
+	// the peer regions; 0 means DefaultRegionSyncInterval.
 	SyncInterval time.Duration
 	// MaxUnsynced is, for SyncWriteBack, how many units one app server
 	// may count on one counter before it pushes them at once and waits
@@ -162,6 +164,13 @@ type Rule struct {
 	// Count, when set, charges the rule's limits only for requests whose
 	// response status it matches, such as failed logins; see Count.
 	Count Count
+	// Scope is whose budget the rule's limits are when app servers run in
+	// several regions with a RegionStore: ScopeRegion (the default), the
+	// region's; ScopeGlobal, one budget across regions synced in the
+	// background every SyncInterval; ScopeGlobalStrict, one budget decided
+	// in the home region. With another store every scope is the store's.
+	// See Scope and docs/regions.md.
+	Scope Scope
 
 	// AdaptiveConcurrency, when set, bounds the requests of this rule in
 	// flight in this app server by a limit that follows their latency
@@ -256,6 +265,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileCount(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileScope(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)

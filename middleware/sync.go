@@ -85,8 +85,8 @@ func (c *compiledRule) compileSync() error {
 		switch {
 		case r.Lease != 0:
 			return fmt.Errorf("lease applies only to sync: lease")
-		case r.SyncInterval != 0:
-			return fmt.Errorf("sync_interval applies only to sync: lease and sync: write_back")
+		case r.SyncInterval != 0 && r.Scope != ScopeGlobal:
+			return fmt.Errorf("sync_interval applies only to sync: lease, sync: write_back and scope: global")
 		case r.MaxUnsynced != 0:
 			return fmt.Errorf("max_unsynced applies only to sync: write_back")
 		}

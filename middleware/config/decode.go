@@ -31,7 +31,7 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope"}
 	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
@@ -166,6 +166,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	// limits and plans are decoded once every field has been seen.
 	var defaults limitDefaults
 	var sf syncFields
+	var sc scopeFields
 	d.fields(n, path, ruleFields, func(field string, v *yaml.Node) {
 		fpath := path + "." + field
 		switch field {
@@ -250,6 +251,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			r.Priority, _ = d.priority(v, fpath)
 		case "count":
 			r.Count = d.count(v, fpath)
+		case "scope":
+			d.scopeField(&sc, v, fpath)
 		}
 	})
 	if limitsNode != nil {
@@ -280,6 +283,7 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 		return r, nameNode, false
 	}
 	r.Limits = limits
+	d.checkScope(&sc, &sf, &r, limits, plans, path)
 	d.checkSync(&sf, &r, limits, plans, path)
 
 	// Checks that span fields.

@@ -15,6 +15,9 @@ type syncFields struct {
 	modeNode, leaseNode, intervalNode, maxNode *yaml.Node
 	lease, maxUnsynced                         int
 	interval                                   time.Duration
+	// global: the rule has scope: global, whose sync_interval is its
+	// sync across regions (decode_scope.go).
+	global bool
 }
 
 // syncField decodes one of the keys sync, lease, sync_interval and
@@ -79,7 +82,9 @@ func (d *decoder) checkSync(sf *syncFields, r *middleware.Rule, limits []middlew
 	}
 	needs(sf.leaseNode, "lease", middleware.SyncLease)
 	needs(sf.maxNode, "max_unsynced", middleware.SyncWriteBack)
-	needs(sf.intervalNode, "sync_interval", middleware.SyncLease, middleware.SyncWriteBack)
+	if !sf.global {
+		needs(sf.intervalNode, "sync_interval", middleware.SyncLease, middleware.SyncWriteBack)
+	}
 	if sf.mode != middleware.SyncExact {
 		check := func(ls []middleware.Limit, field string) {
 			for i, l := range ls {

@@ -52,6 +52,10 @@
 //	sluice.bans                    Int64Counter                  {ban}      rule           sluice_bans_total
 //	sluice.bans.in_force           Int64Gauge                    {ban}                     sluice_bans_in_force
 //	sluice.overrides.in_force      Int64Gauge                    {override}                sluice_overrides_in_force
+//	sluice.region.peer.lag         Float64Histogram              s          peer           sluice_region_peer_lag_seconds
+//	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
+//	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
+//	sluice.region.dropped          Int64Counter                  {counter}                 sluice_region_dropped_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -139,6 +143,10 @@ var MetricNames = []string{
 	BansStarted,
 	Bans,
 	Overrides,
+	RegionPeerLag,
+	RegionSyncErrors,
+	RegionPeerUnreachable,
+	RegionDropped,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -250,6 +258,7 @@ type Metrics struct {
 	capacity capacityInstruments // capacity.go
 	sync     syncInstruments     // sync.go
 	clients  clientInstruments   // clients.go
+	region   regionInstruments   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -344,6 +353,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(m.initCapacity(meter))
 	check(m.initSync(meter))
 	check(m.initClients(meter))
+	check(m.initRegion(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

@@ -355,6 +355,7 @@ func TestMetricNames(t *testing.T) {
 	syncEvents(m)
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
+	regionEvents(m)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

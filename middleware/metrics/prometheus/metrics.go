@@ -42,6 +42,10 @@
 //	sluice_bans_total{rule}                counter    clients banned by a limit with a ban
 //	sluice_bans_in_force                   gauge      bans in force (the fleet's, with Redis)
 //	sluice_overrides_in_force              gauge      per-client overrides in force (the fleet's, with Redis)
+//	sluice_region_peer_lag_seconds{peer}   histogram  syncs of global counts to a peer region
+//	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
+//	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
+//	sluice_region_dropped_total            counter    global counters not synced (too many)
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -116,6 +120,10 @@ var MetricNames = []string{
 	BansTotal,
 	Bans,
 	Overrides,
+	RegionPeerLag,
+	RegionSyncErrors,
+	RegionPeerUnreachable,
+	RegionDroppedTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -211,6 +219,7 @@ type Metrics struct {
 	capacity capacityMetrics // capacity.go
 	sync     syncMetrics     // sync.go
 	clients  clientMetrics   // clients.go
+	region   regionMetrics   // region.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -301,6 +310,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.capacity = newCapacityMetrics(cl)
 	m.sync = newSyncMetrics(cl)
 	m.clients = newClientMetrics(cl)
+	m.region = newRegionMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -436,6 +446,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.capacity.describe(ch)
 	m.sync.describe(ch)
 	m.clients.describe(ch)
+	for _, c := range m.region.collectors() {
+		c.Describe(ch)
+	}
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -459,6 +472,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.capacity.collect(ch)
 	m.sync.collect(ch)
 	m.clients.collect(ch)
+	for _, c := range m.region.collectors() {
+		c.Collect(ch)
+	}
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))
 
 	m.serversMu.Lock()

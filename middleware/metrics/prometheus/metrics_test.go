@@ -545,6 +545,7 @@ func TestMetricNames(t *testing.T) {
 	syncEvents(m)
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
+	regionEvents(m)
 
 	mfs, err := reg.Gather()
 	if err != nil {

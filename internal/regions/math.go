@@ -1,0 +1,114 @@
+// Package regions holds the arithmetic and the Redis side of limits
+// shared across regions (scope: global): each region decides on its own
+// Redis, from its own count plus the last known counts of the other
+// regions, and a syncer copies its count to every peer region's Redis in
+// the background. No request waits for another region.
+//
+// # The count of a window
+//
+// A global limit's windows are aligned to the Unix epoch (Start): regions
+// cannot agree on a per-client anchor without a round trip. The count of
+// one window is a G-counter: one field per region in a Redis hash, each
+// region writes only its own field, and a merge keeps the largest value
+// per field (Merge, merge.lua), so that repeated and reordered syncs are
+// harmless. A region decides (Decide, decide.lua) from the sum of the
+// fields of its own copy; for a sliding window, the previous window's
+// sum is weighted by the part of it still inside the sliding window.
+//
+// # Bound
+//
+// A region's own count is exact in its own Redis; the others' counts lag
+// by at most the sync interval T plus the one-way delay d. In one window
+// the regions together admit over the limit at most what was admitted
+// across regions in that lag, R × (T + d) for a total admit rate R, and
+// never more than (N − 1) × L, since each region alone stops at L
+// (Bound).
+//
+// # Partitions
+//
+// A region whose pushes to a peer have failed for longer than the hold
+// time counts that peer, in every window, as at least its share L / N
+// (Share): during a long partition each region keeps to about its share,
+// and the regions together stay within about L. Within the hold time the
+// peer's last known count is used. When the link heals, the next sync
+// carries each region's counts of the windows still open, so the copies
+// converge within T + d.
+package regions
+
+import (
+	"math"
+	"time"
+)
+
+// Start is the start (Unix ms) of the epoch-aligned window of length w ms
+// that contains now.
+func Start(now, w int64) int64 {
+	s := now - now%w
+	if now < 0 && now%w != 0 {
+		s -= w
+	}
+	return s
+}
+
+// Merge merges the counts of b into a, keeping the largest value per
+// region: a G-counter's merge, commutative, associative and idempotent.
+func Merge(a, b map[string]int64) {
+	for r, n := range b {
+		if n > a[r] {
+			a[r] = n
+		}
+	}
+}
+
+// Window is what a region knows of one counter: the fields of its copy
+// of the current and previous windows.
+type Window struct {
+	Curr, Prev map[string]int64
+}
+
+// Total is the count a region decides from at now (Unix ms) for a window
+// of w ms starting at start: the sum over regions of the current window,
+// plus, if sliding, the previous window's sum weighted by the part of it
+// still inside the sliding window (rounded down). Each peer in stale
+// counts as at least share in each window.
+func Total(c Window, start, now, w int64, sliding bool, stale []string, share int64) int64 {
+	sum := func(m map[string]int64) int64 {
+		var s int64
+		for _, n := range m {
+			s += n
+		}
+		for _, p := range stale {
+			if m[p] < share {
+				s += share - m[p]
+			}
+		}
+		return s
+	}
+	t := sum(c.Curr)
+	if sliding {
+		t += sum(c.Prev) * (w - (now - start)) / w
+	}
+	return t
+}
+
+// Fits reports whether a request of cost fits a limit of limit units
+// when the regions' count is total.
+func Fits(total, cost, limit int64) bool { return total+cost <= limit }
+
+// Share is what a region counts an unreachable peer as, per window: the
+// limit divided evenly among the n regions, rounded up.
+func Share(limit int64, n int) int64 {
+	if n <= 0 {
+		return limit
+	}
+	return (limit + int64(n) - 1) / int64(n)
+}
+
+// Bound is the most the regions together admit over a global limit of
+// limit units in one window, for a total admit rate rate (requests per
+// second across regions), sync interval t, one-way delay d and n regions:
+// min(rate × (t + d), (n − 1) × limit), rounded up.
+func Bound(rate float64, t, d time.Duration, n int, limit int64) int64 {
+	lag := int64(math.Ceil(rate * (t + d).Seconds()))
+	return min(lag, int64(n-1)*limit)
+}

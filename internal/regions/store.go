@@ -1,0 +1,477 @@
+package regions
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed decide.lua
+	decideSrc    string
+	decideScript = redis.NewScript(decideSrc)
+	//go:embed merge.lua
+	mergeSrc    string
+	mergeScript = redis.NewScript(mergeSrc)
+)
+
+const (
+	// DefaultSyncInterval is how often a region's counts are written to
+	// its peers when a limit's interval is 0.
+	DefaultSyncInterval = 250 * time.Millisecond
+	// DefaultHold is how long a peer's last known count is used after
+	// pushes to it started failing, when Config.Hold is 0; after it, the
+	// peer counts as its share.
+	DefaultHold = 5 * time.Second
+	// DefaultMaxKeys bounds the counters a Store syncs when
+	// Config.MaxKeys is 0.
+	DefaultMaxKeys = 1 << 20
+)
+
+// Events are told what the syncer does; any may be nil. They are called
+// on the syncer's goroutine and must be fast.
+type Events struct {
+	// Synced: a push to peer succeeded; lag is how long it took (the
+	// time its counts were behind, on top of the sync interval).
+	Synced func(peer string, lag time.Duration, counters int)
+	// Failed: a push to peer failed.
+	Failed func(peer string, err error)
+	// Unreachable: peer's pushes have failed for longer than the hold
+	// time (true), or succeed again (false).
+	Unreachable func(peer string, down bool)
+	// Dropped: a counter was not synced because MaxKeys were.
+	Dropped func()
+}
+
+// Config configures a Store.
+type Config struct {
+	// Region names this region; it is the region's field in every
+	// counter.
+	Region string
+	// Local is the region's own Redis (standalone, Sentinel or Cluster).
+	Local redis.UniversalClient
+	// Peers are the other regions' Redis, by region name.
+	Peers map[string]redis.UniversalClient
+	// Hold is how long a peer's last known count is used once pushes to
+	// it fail; 0 means DefaultHold.
+	Hold time.Duration
+	// MaxKeys bounds the counters synced; 0 means DefaultMaxKeys.
+	MaxKeys int
+	// Timeout bounds each push; 0 means one second.
+	Timeout time.Duration
+	Events  Events
+}
+
+// Charge is one request against one global limit.
+type Charge struct {
+	// Counter names the counter (the same in every region), without the
+	// window; it is used as a Redis Cluster hash tag.
+	Counter string
+	Limit   int64
+	// Window is the window's length in ms, Sliding whether it slides.
+	Window  int64
+	Sliding bool
+	Cost    int64
+	// Interval is the limit's sync interval; 0 means DefaultSyncInterval.
+	Interval time.Duration
+}
+
+// Decision is the answer for one Charge.
+type Decision struct {
+	Allowed bool
+	// Total is the regions' count after the request; Own the region's.
+	Total, Own int64
+	// Start is the start of the window decided in (Unix ms).
+	Start int64
+}
+
+// live is a counter window the syncer pushes.
+type live struct {
+	end      int64 // after it, nobody decides from this window (ms)
+	interval int64 // ms
+	ttl      int64
+	// due is, per peer, the instant of the next push (ms); sent what the
+	// peer acknowledged.
+	due  map[string]int64
+	sent map[string]int64
+}
+
+// peerState is what the syncer knows of a peer.
+type peerState struct {
+	lastOK int64 // ms, local clock
+	down   bool
+	// busy: a push is on its way; lastTry is when the last one began.
+	busy    bool
+	lastTry int64
+}
+
+// Store decides global limits on the region's own Redis and syncs the
+// region's counts to its peers. It is safe for concurrent use.
+type Store struct {
+	cfg   Config
+	names []string // peers, sorted
+	n     int      // regions, this one included
+
+	mu    sync.Mutex
+	keys  map[string]*live
+	peers map[string]*peerState
+	// stale is the peers counted as their share, rebuilt by the syncer.
+	stale []string
+
+	syncMu sync.Mutex
+	pushes sync.WaitGroup
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+// New returns a Store whose peers count as reachable from now (Unix ms).
+// It starts no goroutine: call Run, or Sync on each tick.
+func New(cfg Config, now int64) (*Store, error) {
+	if cfg.Region == "" || cfg.Local == nil {
+		return nil, errors.New("regions: Region and Local are required")
+	}
+	if cfg.Hold == 0 {
+		cfg.Hold = DefaultHold
+	}
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	s := &Store{cfg: cfg, keys: map[string]*live{}, peers: map[string]*peerState{}, n: len(cfg.Peers) + 1}
+	for name, c := range cfg.Peers {
+		if name == cfg.Region || c == nil {
+			return nil, fmt.Errorf("regions: peer %q: a peer is another region, with a client", name)
+		}
+		s.names = append(s.names, name)
+		s.peers[name] = &peerState{lastOK: now}
+	}
+	return s, nil
+}
+
+// Regions is how many regions share the limits, this one included.
+func (s *Store) Regions() int { return s.n }
+
+// key names a counter window: one hash slot per counter (Redis Cluster).
+func key(counter string, start int64) string {
+	return "{" + counter + "}:" + strconv.FormatInt(start, 10)
+}
+
+// Decide decides c at now (Unix ms) on the region's own Redis and, if it
+// is admitted, remembers its window for the syncer.
+func (s *Store) Decide(ctx context.Context, now int64, c Charge) (Decision, error) {
+	start := Start(now, c.Window)
+	s.mu.Lock()
+	stale := s.stale
+	s.mu.Unlock()
+	share := Share(c.Limit, s.n)
+	end := start + c.Window
+	if c.Sliding {
+		end += c.Window
+	}
+	ttl := end - now + 2*s.cfg.Hold.Milliseconds() + 1000
+	args := make([]any, 0, 9+len(stale))
+	args = append(args, s.cfg.Region, c.Cost, c.Limit, now, start, c.Window, b2i(c.Sliding), share, ttl)
+	for _, p := range stale {
+		args = append(args, p)
+	}
+	k := key(c.Counter, start)
+	v, err := decideScript.Run(ctx, s.cfg.Local, []string{k, key(c.Counter, start-c.Window)}, args...).Int64Slice()
+	if err != nil {
+		return Decision{}, err
+	}
+	if len(v) != 3 {
+		return Decision{}, errors.New("regions: unexpected reply of the decide script")
+	}
+	d := Decision{Allowed: v[0] == 1, Total: v[1], Own: v[2], Start: start}
+	if d.Allowed && len(s.names) > 0 {
+		s.track(k, c, start, now, ttl)
+	}
+	return d, nil
+}
+
+// Refund takes back the cost of an admitted charge (when another limit
+// of the same request denied it). Peers that saw the larger count keep
+// it: they count more, never less.
+func (s *Store) Refund(ctx context.Context, c Charge, d Decision) error {
+	return s.cfg.Local.HIncrBy(ctx, key(c.Counter, d.Start), s.cfg.Region, -c.Cost).Err()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (s *Store) track(k string, c Charge, start, now, ttl int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.keys[k]; ok {
+		return
+	}
+	if len(s.keys) >= s.cfg.MaxKeys {
+		if s.cfg.Events.Dropped != nil {
+			s.cfg.Events.Dropped()
+		}
+		return
+	}
+	iv := c.Interval
+	if iv <= 0 {
+		iv = DefaultSyncInterval
+	}
+	// Decisions depend on the window until it ends, and a sliding
+	// window's for one window more.
+	end := start + c.Window
+	if c.Sliding {
+		end += c.Window
+	}
+	l := &live{end: end, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
+	// The first push comes one interval after the first admission, and
+	// before the window ends even when the interval is longer.
+	first := min(now+l.interval, max(now, end-1))
+	for _, p := range s.names {
+		l.due[p] = first
+	}
+	s.keys[k] = l
+}
+
+// Sync runs one tick of the syncer at now (Unix ms) and waits for its
+// pushes: it reads the region's own count of each counter window that is
+// due, and writes it to every peer that has not acknowledged that count
+// yet, all peers at once, one pipeline per peer. It returns the first
+// error.
+func (s *Store) Sync(ctx context.Context, now int64) error {
+	return s.sync(ctx, now, true)
+}
+
+// sync is Sync; without wait, it returns once the pushes are on their
+// way, and a peer whose last push has not answered yet is skipped (its
+// counters stay due), so that a slow or unreachable peer does not delay
+// the others.
+func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	s.mu.Lock()
+	work := map[string][]string{}
+	var union []string
+	seen := map[string]bool{}
+	for k, l := range s.keys {
+		if now >= l.end {
+			delete(s.keys, k)
+		}
+	}
+	for _, p := range s.names {
+		ps := s.peers[p]
+		if ps.busy {
+			continue
+		}
+		var due []string
+		for k, l := range s.keys {
+			if now >= l.due[p] {
+				due = append(due, k)
+				l.due[p] = now + l.interval
+				if !seen[k] {
+					seen[k] = true
+					union = append(union, k)
+				}
+			}
+		}
+		// With nothing to push, a ping every default interval tells
+		// whether the peer is reachable.
+		if len(due) > 0 || now-ps.lastTry >= DefaultSyncInterval.Milliseconds() {
+			ps.busy, ps.lastTry = true, now
+			work[p] = due
+		}
+	}
+	s.mu.Unlock()
+
+	own := map[string]int64{}
+	if len(union) > 0 {
+		cmds := make([]*redis.StringCmd, len(union))
+		_, err := s.cfg.Local.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range union {
+				cmds[i] = p.HGet(ctx, k, s.cfg.Region)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			s.mu.Lock()
+			for p := range work {
+				s.peers[p].busy = false
+			}
+			s.mu.Unlock()
+			return err
+		}
+		for i, c := range cmds {
+			own[union[i]], _ = c.Int64()
+		}
+	}
+
+	errs := make(chan error, len(work))
+	var wg sync.WaitGroup
+	for p, due := range work {
+		wg.Add(1)
+		s.pushes.Add(1)
+		go func() {
+			defer s.pushes.Done()
+			defer wg.Done()
+			err := s.push(context.WithoutCancel(ctx), now, p, due, own)
+			s.mu.Lock()
+			s.peers[p].busy = false
+			s.stale = s.staleLocked()
+			s.mu.Unlock()
+			errs <- err
+		}()
+	}
+	if !wait {
+		return nil
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// staleLocked returns the peers that count as their share.
+func (s *Store) staleLocked() []string {
+	var stale []string
+	for _, p := range s.names {
+		if s.peers[p].down {
+			stale = append(stale, p)
+		}
+	}
+	return stale
+}
+
+// push writes the counts of due not yet acknowledged by peer p, or pings
+// it when there are none, and updates what is known of p.
+func (s *Store) push(ctx context.Context, now int64, p string, due []string, own map[string]int64) error {
+	type item struct {
+		k string
+		n int64
+	}
+	var items []item
+	ttls := make([]int64, 0, len(due))
+	s.mu.Lock()
+	for _, k := range due {
+		if l := s.keys[k]; l != nil && own[k] > l.sent[p] {
+			items = append(items, item{k, own[k]})
+			ttls = append(ttls, l.ttl)
+		}
+	}
+	s.mu.Unlock()
+
+	cl := s.cfg.Peers[p]
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	began := time.Now()
+	var err error
+	if len(items) == 0 {
+		err = cl.Ping(ctx).Err()
+	} else {
+		_, err = cl.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for i, it := range items {
+				mergeScript.Run(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+			}
+			return nil
+		})
+		if err != nil && isNoScript(err) {
+			// A fresh peer: load the script, then push again.
+			if err = mergeScript.Load(ctx, cl).Err(); err == nil {
+				_, err = cl.Pipelined(ctx, func(pl redis.Pipeliner) error {
+					for i, it := range items {
+						mergeScript.EvalSha(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+					}
+					return nil
+				})
+			}
+		}
+	}
+	lag := time.Since(began)
+	ev := s.cfg.Events
+
+	s.mu.Lock()
+	ps := s.peers[p]
+	var flip, down bool
+	if err == nil {
+		for _, it := range items {
+			if l := s.keys[it.k]; l != nil && it.n > l.sent[p] {
+				l.sent[p] = it.n
+			}
+		}
+		ps.lastOK = now
+		flip, down = ps.down, false
+		ps.down = false
+	} else if !ps.down && now-ps.lastOK > s.cfg.Hold.Milliseconds() {
+		ps.down, flip, down = true, true, true
+	}
+	s.mu.Unlock()
+
+	if err != nil {
+		if ev.Failed != nil {
+			ev.Failed(p, err)
+		}
+	} else if ev.Synced != nil {
+		ev.Synced(p, lag, len(items))
+	}
+	if flip && ev.Unreachable != nil {
+		ev.Unreachable(p, down)
+	}
+	if err != nil {
+		return fmt.Errorf("regions: push to %s: %w", p, err)
+	}
+	return nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && len(err.Error()) >= 8 && err.Error()[:8] == "NOSCRIPT"
+}
+
+// Stale returns the peers counted as their share.
+func (s *Store) Stale() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.stale...)
+}
+
+// Run starts the syncer: Sync every tick, with now from clock (Unix ms),
+// until Close.
+func (s *Store) Run(tick time.Duration, clock func() int64) {
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+				_ = s.sync(context.Background(), clock(), false)
+			}
+		}
+	}()
+}
+
+// Close stops the syncer started by Run and waits for its pushes.
+func (s *Store) Close() {
+	s.once.Do(func() {
+		if s.stop != nil {
+			close(s.stop)
+			<-s.done
+		}
+		s.pushes.Wait()
+	})
+}

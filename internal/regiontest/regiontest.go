@@ -1,0 +1,115 @@
+package regiontest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// The regions of the design notes' scenario.
+const (
+	USEast1      = "us-east-1"
+	EUWest1      = "eu-west-1"
+	APSoutheast1 = "ap-southeast-1"
+)
+
+// Names are the three regions, in order.
+var Names = []string{USEast1, EUWest1, APSoutheast1}
+
+// NotesDelays are the one-way delays of the design notes' scenario: about
+// 40 ms between us-east-1 and eu-west-1, 90 ms between eu-west-1 and
+// ap-southeast-1, 120 ms between us-east-1 and ap-southeast-1.
+func NotesDelays(a, b string) time.Duration {
+	return ScaledDelays(1)(a, b)
+}
+
+// ScaledDelays returns the notes' delays divided by div, for tests that
+// keep the proportions with smaller delays.
+func ScaledDelays(div int) func(a, b string) time.Duration {
+	return func(a, b string) time.Duration {
+		pair := map[[2]string]time.Duration{
+			{USEast1, EUWest1}:      40 * time.Millisecond,
+			{EUWest1, APSoutheast1}: 90 * time.Millisecond,
+			{USEast1, APSoutheast1}: 120 * time.Millisecond,
+		}
+		if d, ok := pair[[2]string{a, b}]; ok {
+			return d / time.Duration(div)
+		}
+		return pair[[2]string{b, a}] / time.Duration(div)
+	}
+}
+
+// Sim is the regions of a test: a Redis per region and a proxy from each
+// region to each peer's Redis.
+type Sim struct {
+	Names   []string
+	Servers map[string]*redistest.Server
+	// Links[from][to] is the proxy region from dials to reach to's Redis.
+	Links map[string]map[string]*Proxy
+}
+
+// New starts a redis-server per region of names and a proxy from each
+// region to each other region's Redis, delayed by delay(from, to); all are
+// stopped when the test ends.
+func New(t testing.TB, names []string, delay func(a, b string) time.Duration) *Sim {
+	t.Helper()
+	s := &Sim{Names: names, Servers: map[string]*redistest.Server{}, Links: map[string]map[string]*Proxy{}}
+	for _, n := range names {
+		s.Servers[n] = redistest.Standalone(t)
+	}
+	for _, a := range names {
+		s.Links[a] = map[string]*Proxy{}
+		for _, b := range names {
+			if a == b {
+				continue
+			}
+			p, err := NewProxy(s.Servers[b].Addr(), delay(a, b))
+			if err != nil {
+				t.Fatalf("regiontest: %v", err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			s.Links[a][b] = p
+		}
+	}
+	return s
+}
+
+// Local returns a client of region r's own Redis.
+func (s *Sim) Local(t testing.TB, r string) *redis.Client {
+	return s.Servers[r].Client(t, nil)
+}
+
+// Peers returns region r's clients of the other regions' Redis, through
+// the proxies, keyed by region. Commands fail fast while a link is cut;
+// a command that meets a connection the cut closed is retried on another.
+// Each client has a pool of 256 connections, so that requests that wait a
+// cross-region round trip do not also queue for a connection.
+func (s *Sim) Peers(t testing.TB, r string) map[string]redis.UniversalClient {
+	t.Helper()
+	out := map[string]redis.UniversalClient{}
+	for b, p := range s.Links[r] {
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 256, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+		t.Cleanup(func() { _ = c.Close() })
+		out[b] = c
+	}
+	return out
+}
+
+// Partition cuts every link between region r and the others, both ways.
+func (s *Sim) Partition(r string) {
+	for b, p := range s.Links[r] {
+		p.Cut()
+		s.Links[b][r].Cut()
+	}
+}
+
+// Heal heals every link between region r and the others.
+func (s *Sim) Heal(r string) {
+	for b, p := range s.Links[r] {
+		p.Heal()
+		s.Links[b][r].Heal()
+	}
+}
