@@ -39,18 +39,25 @@ var ErrUnknownRule = errors.New("sluice: unknown rule")
 // Peek reports where each limit of the named rule stands for key (as the
 // rule's key function would produce it: "ip:192.0.2.1", "user:alice"),
 // without charging anything: a read of cost 0 on every store and
-// algorithm. A rule with plans reports its default plan's limits. Peek
+// algorithm. A rule with plans reports its default plan's limits; a client
+// with an override (SetOverride), the override's. Peek
 // asks the store even when the deny cache knows the answer.
 func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, error) {
 	c, err := l.ruleNamed(rule)
 	if err != nil {
 		return nil, err
 	}
-	if len(c.limits) == 0 {
+	limits, nominal := c.limits, c.nominal
+	if l.clients.overrides.n.Load() > 0 {
+		if cl := l.overrideFor(c, key); cl != nil {
+			limits, nominal = cl.limits, cl.nominal // the client's override
+		}
+	}
+	if len(limits) == 0 {
 		return nil, nil
 	}
-	charges := make([]Charge, len(c.limits))
-	for i, lim := range c.limits {
+	charges := make([]Charge, len(limits))
+	for i, lim := range limits {
 		charges[i] = Charge{Key: key, Name: c.Name, Limit: lim}
 	}
 	out := make([]Decision, len(charges))
@@ -64,8 +71,8 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 	states := make([]LimitState, len(charges))
 	for i, d := range out {
 		states[i] = LimitState{
-			Rule: c.Name, Policy: policyName(c.Name, c.nominal[i], len(c.limits)), Limit: c.nominal[i],
-			Remaining: nominalRemaining(d.Remaining, &c.limits[i], &c.nominal[i]), ResetAfter: d.ResetAfter, NextAfter: d.NextAfter,
+			Rule: c.Name, Policy: policyName(c.Name, nominal[i], len(limits)), Limit: nominal[i],
+			Remaining: nominalRemaining(d.Remaining, &limits[i], &nominal[i]), ResetAfter: d.ResetAfter, NextAfter: d.NextAfter,
 		}
 	}
 	return states, nil

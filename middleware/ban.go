@@ -211,12 +211,14 @@ func (l *Limiter) banned(ctx context.Context, now time.Time, r keyfunc.Request, 
 	local := l.localNow(now).UnixMilli()
 	found := -1
 	var until int64
+	var checked clientID
 	for i := range s.charges {
 		c := &s.charges[i]
-		if c.Limit.Ban <= 0 || (i > 0 && s.charges[i-1].Key == c.Key && s.charges[i-1].Name == c.Name && found >= 0) {
-			continue
-		}
 		id := clientID{c.Name, c.Key}
+		if c.Limit.Ban <= 0 || id == checked {
+			continue // a rule's limits are in a row: its ban is read once
+		}
+		checked = id
 		if u, ok := l.clients.bans.until(id, local); ok {
 			found, until = i, u
 			break

@@ -3,8 +3,11 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,5 +181,35 @@ func TestBanKeptLocally(t *testing.T) {
 	// Another client fails open, as the policy says.
 	if rr := doFrom(h, "192.0.2.2:1", "/login"); rr.Code != 200 {
 		t.Fatalf("another client with Redis down: %d, want 200 (fail open)", rr.Code)
+	}
+}
+
+// TestLogObserverBan: a ban is logged once a second per rule, without the
+// client's key.
+func TestLogObserverBan(t *testing.T) {
+	t.Parallel()
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	lim, err := middleware.NewRules(banRules(), middleware.WithObserver(middleware.NewLogObserver(log)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, addr := range []string{"192.0.2.1:1", "192.0.2.2:1"} {
+		for range 3 {
+			doFrom(h, addr, "/login")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	out := buf.String()
+	if n := strings.Count(out, "sluice: client banned"); n != 1 || !strings.Contains(out, "rule=login") || !strings.Contains(out, "for=1h0m0s") || strings.Contains(out, "192.0.2") {
+		t.Errorf("logged %d times:\n%s", n, out)
 	}
 }

@@ -499,7 +499,7 @@ func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Reques
 // open, or could not be decided: err).
 func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
 	s.decisions = grow(s.decisions, len(s.charges))
-	if s.counting != nil {
+	if s.counting != nil && s.counting.any(s.charges) {
 		s.atp = &s.at
 	}
 	allowed, err := l.takeElastic(ctx, now, s)
@@ -656,11 +656,7 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	case FailClosed:
 		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
-		var at *time.Time
-		if l.rules.Load().counting != nil {
-			at = &s.at
-		}
-		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, at)
+		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, s.atp)
 		s.store = l.cfg.fallback
 		if ferr == nil {
 			var res Result

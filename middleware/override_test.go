@@ -66,6 +66,9 @@ func TestOverride(t *testing.T) {
 			if got, ok := lim.Override("api", "ip:192.0.2.1"); !ok || got.Limits[0].Requests != 100 || !got.Until.Equal(o.Until) {
 				t.Fatalf("Override = %+v, %v", got, ok)
 			}
+			if st, err := lim.Peek(ctx, "api", "ip:192.0.2.1"); err != nil || len(st) != 1 || st[0].Limit.Requests != 100 || st[0].Remaining != 98 {
+				t.Fatalf("Peek of the overridden client = %+v, %v; want the override's 100, 98 left", st, err)
+			}
 			// Bad input is refused and changes nothing.
 			for _, bad := range []struct {
 				o    middleware.Override

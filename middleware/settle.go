@@ -73,6 +73,18 @@ func (s *settlement) finish(status int) {
 // countingRules are the rules of a set that count by outcome, by name.
 type countingRules map[string]*Count
 
+// any reports whether a charge is of a rule that counts by outcome: the
+// request is then decided by the store itself (TakeAt), exactly, whatever
+// the rules' sync modes, so that its charges can be given back.
+func (cr countingRules) any(charges []Charge) bool {
+	for i := range charges {
+		if _, ok := cr[charges[i].Name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // counting returns the rules of set that count by outcome, nil if none.
 func counting(rules []*compiledRule) countingRules {
 	var m countingRules

@@ -212,3 +212,27 @@ func TestCountConcurrencyBound(t *testing.T) {
 		})
 	}
 }
+
+// TestCountFailLocal: while Redis is down, the local fallback decides, and
+// uncounted responses are given back to it.
+func TestCountFailLocal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Standalone(t)
+	store, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	srv.Kill()
+	clk := testclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	h := countingLimiter(t, middleware.Count{Status: []middleware.Status{401}}, store,
+		middleware.WithClock(clk.Now), middleware.WithFailurePolicy(middleware.FailLocal)).Handler(statusHandler)
+	for i, c := range []struct {
+		path string
+		want int
+	}{{"/200", 200}, {"/200", 200}, {"/200", 200}, {"/200", 200}, {"/401", 401}, {"/401", 401}, {"/401", 401}, {"/200", 429}} {
+		if got := serve(h, c.path); got != c.want {
+			t.Fatalf("request %d (%s) with Redis down: %d, want %d", i, c.path, got, c.want)
+		}
+	}
+}

@@ -37,8 +37,8 @@ type fleetDecider func(ctx context.Context, key string) error
 // pipelined INCR and PEXPIRE, the floor of a Redis counter), "memory" (a
 // Limiter on the in-memory store, each server alone), "exact", "lease" or
 // "write_back" (a Limiter on the Redis store, 10^9 a minute, never
-// reached; "write_back/max_unsynced=N" sets MaxUnsynced), each with its
-// own go-redis client.
+// reached; "write_back/max_unsynced=N" sets MaxUnsynced, "lease/lease=N"
+// sets Lease), each with its own go-redis client.
 func fleetServers(b *testing.B, srv *redistest.Server, kind string, n int) []fleetDecider {
 	prefix := srv.Prefix(b)
 	var out []fleetDecider
@@ -71,8 +71,10 @@ func fleetServers(b *testing.B, srv *redistest.Server, kind string, n int) []fle
 			b.Cleanup(func() { store.Close() })
 			opts = append(opts, WithStore(store))
 			mode, unsynced, _ := strings.Cut(kind, "/max_unsynced=")
+			mode, lease, _ := strings.Cut(mode, "/lease=")
 			rule.Sync, _ = ParseSyncMode(mode)
 			rule.MaxUnsynced, _ = strconv.Atoi(unsynced)
+			rule.Lease, _ = strconv.Atoi(lease)
 		}
 		lim, err := NewRules([]Rule{rule}, opts...)
 		if err != nil {
@@ -197,7 +199,7 @@ func BenchmarkFleet(b *testing.B) {
 		if set == "keys-100k" {
 			keys = many
 		}
-		for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "write_back", "write_back/max_unsynced=10000"} {
+		for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "lease/lease=10000", "write_back", "write_back/max_unsynced=10000"} {
 			b.Run(set+"/"+kind, func(b *testing.B) {
 				srv := redistest.Standalone(b)
 				admin := srv.Client(b, nil)

@@ -4,7 +4,11 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 	"unsafe"
+
+	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/window"
 )
 
 // TestMemoryPerKey fills the table with counters and measures what it
@@ -88,5 +92,35 @@ func TestTableRemove(t *testing.T) {
 	}
 	if sh.n != 2000 {
 		t.Fatalf("%d entries left, want 2000", sh.n)
+	}
+}
+
+// TestBindings binds the charges of 200 rules and limits, more than the
+// lock-free slots hold (so that some share one), in turns, and checks that
+// each gets its own binding, with the settings last set.
+func TestBindings(t *testing.T) {
+	s := &Store{bindings: map[bindKey]*binding{}}
+	charge := func(i int) window.Charge {
+		return window.Charge{Name: "rule" + strconv.Itoa(i%50), Limit: window.Limit{Requests: 10 + i/50, Window: time.Second}}
+	}
+	for round, lease := range []int{0, 7, 9} {
+		rules := map[string]Settings{}
+		for i := 0; i < 50; i++ {
+			rules["rule"+strconv.Itoa(i)] = Settings{Mode: fleet.Lease, Lease: lease + i}
+		}
+		for k := 0; k < 3; k++ {
+			for j := 0; j < 200; j++ {
+				i := (j*37 + k) % 200
+				c := charge(i)
+				b := s.bind(rules, &c, nil)
+				if b == nil || b.name != c.Name || b.lim != c.Limit || b.set != rules[c.Name] {
+					t.Fatalf("round %d: charge %d (%s, %d requests) got binding %+v", round, i, c.Name, c.Limit.Requests, b)
+				}
+			}
+		}
+	}
+	c := charge(3)
+	if b := s.bind(map[string]Settings{"other": {Mode: fleet.Lease}}, &c, nil); b != nil {
+		t.Fatalf("a charge of a rule without settings got binding %+v", b)
 	}
 }

@@ -29,12 +29,14 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 	at, ok := v.Take(&b.lim, ms, cost)
 	e.setView(&v)
 	e.used = ms
-	*out = window.Describe(v.C, at, b.lim, cost, ok)
 	if ok && cost > 0 {
 		sh.enlist(id, e)
 	}
 	need := ok && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
 	sh.mu.Unlock()
+	// Described from the copy, without the lock, which every decision on
+	// the counter needs.
+	*out = window.Describe(v.C, at, b.lim, cost, ok)
 	if ok && cost > 0 {
 		if fn := s.cfg.Events.Unsynced; fn != nil {
 			fn(b.name, cost)
@@ -127,10 +129,9 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
 			e.uc -= cost
+			left := e.uc
 			st, at := b.lim.Roll(e.state(), ms)
 			e.setState(st)
-			*out = window.Describe(st, at, b.lim, cost, true)
-			out.Remaining = min(out.Remaining+int(e.uc), b.lim.Capacity())
 			// Busy counters (more than one slice lately) ask for the next
 			// slice ahead, when a quarter of this one is left.
 			refill := e.inflight >= 4 && e.uc < (e.inflight+3)/4 && e.flags&granting == 0
@@ -139,6 +140,10 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 				sh.enlist(id, e)
 			}
 			sh.mu.Unlock()
+			// Described without the lock, which every decision on the
+			// counter needs.
+			*out = window.Describe(st, at, b.lim, cost, true)
+			out.Remaining = min(out.Remaining+int(left), b.lim.Capacity())
 			if refill {
 				// Ask for the next slice before this one runs out, so that
 				// busy counters keep deciding locally.

@@ -185,6 +185,11 @@ type Store struct {
 
 	bmu      sync.Mutex
 	bindings map[bindKey]*binding
+	// recent holds bindings by a hash of their rule and limit (recentSlot),
+	// read without a lock: every decision needs its charges' bindings, and
+	// a lock shared by all of them would be the most contended of the
+	// layer.
+	recent [64]atomic.Pointer[binding]
 
 	omu     sync.Mutex
 	orphans []job
@@ -333,10 +338,15 @@ func (s *Store) bind(rules map[string]Settings, c *window.Charge, cur *binding) 
 	if cur != nil && cur.set == set && cur.lim == c.Limit && cur.name == c.Name {
 		return cur
 	}
+	r := &s.recent[recentSlot(c)]
+	if b := r.Load(); b != nil && b.set == set && b.lim == c.Limit && b.name == c.Name {
+		return b
+	}
 	k := bindKey{c.Name, c.Limit}
 	s.bmu.Lock()
 	defer s.bmu.Unlock()
 	if b, ok := s.bindings[k]; ok && b.set == set {
+		r.Store(b)
 		return b
 	}
 	b := &binding{name: c.Name, set: set, lim: c.Limit, interval: intervalOf(set)}
@@ -353,7 +363,27 @@ func (s *Store) bind(rules map[string]Settings, c *window.Charge, cur *binding) 
 		clear(s.bindings) // limits from LimitsFunc: keep the cache bounded
 	}
 	s.bindings[k] = b
+	r.Store(b)
 	return b
+}
+
+// recentSlot returns the slot of Store.recent for charge c's binding: a
+// cheap hash of its rule's name and its limit. Bindings whose hashes
+// collide take turns in the slot; the others are found under the lock.
+func recentSlot(c *window.Charge) int {
+	h := uint64(len(c.Name))
+	if n := len(c.Name); n > 0 {
+		h = h*31 + uint64(c.Name[0])
+		h = h*31 + uint64(c.Name[n-1])
+		h = h*31 + uint64(c.Name[n/2])
+	}
+	l := &c.Limit
+	h = h*31 + uint64(l.Requests)
+	h = h*31 + uint64(l.Window)
+	h = h*31 + uint64(l.Algorithm)
+	h = h*31 + uint64(l.Burst)
+	h = h*31 + uint64(l.Period)
+	return int(mix64(h) % uint64(len(Store{}.recent)))
 }
 
 // locate returns the shard and identity of charge c's counter.
