@@ -18,8 +18,8 @@ func TestLogObserverRegion(t *testing.T) {
 	o.Region(RegionEvent{Kind: RegionPeerReachable, Peer: "ap-southeast-1"})
 	out := buf.String()
 	for want, n := range map[string]int{
-		"sluice: sync to peer region failed": 1,
-		"level=WARN msg=\"sluice: peer region unreachable": 1,
+		"sluice: sync to peer region failed":                                         1,
+		"level=WARN msg=\"sluice: peer region unreachable":                           1,
 		"level=INFO msg=\"sluice: peer region reachable again\" peer=ap-southeast-1": 1,
 		"eu-west-1": 0,
 	} {
