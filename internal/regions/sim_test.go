@@ -271,6 +271,12 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 // interval of T + d (for a burst, the burst), and the syncer's tick is
 // added to T (a counter is pushed at the first tick once it is due).
 func boundFor(sim *regiontest.Sim, p params, res result) int64 {
+	return boundWith(sim, p, res, 0)
+}
+
+// boundWith is boundFor with slack added to the lag: how late the
+// syncer's goroutine may run on a loaded machine.
+func boundWith(sim *regiontest.Sim, p params, res result, slack time.Duration) int64 {
 	var d time.Duration
 	for _, a := range sim.Names {
 		for _, b := range sim.Names {
@@ -279,7 +285,7 @@ func boundFor(sim *regiontest.Sim, p params, res result) int64 {
 			}
 		}
 	}
-	lag := (p.sync + p.tick + d).Milliseconds()
+	lag := (p.sync + p.tick + d + slack).Milliseconds()
 	var most, j int
 	for i, t := range res.offered {
 		for res.offered[j] <= t-lag {
@@ -330,7 +336,9 @@ func TestScenarios(t *testing.T) {
 				q.windows = 6
 			}
 			res := runScenario(t, sim, sc, global, q)
-			bound := boundFor(sim, q, res)
+			// make test runs every package at once on a small machine: the
+			// syncer may run up to 50 ms late.
+			bound := boundWith(sim, q, res, 50*time.Millisecond)
 			t.Logf("global: admitted per window %v, limit %d, bound %d, convergence %v, p99 %v", res.perWindow, q.limit, bound, res.converge, res.p99)
 			if res.errs > 0 {
 				t.Fatalf("%d decisions failed: a global decision must not need a peer", res.errs)
