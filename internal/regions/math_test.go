@@ -117,3 +117,35 @@ func TestDecideMatchesTotal(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeScriptMatchesMerge applies one table of pushes, with repeats
+// and out of order, through merge.lua and through Merge, and requires the
+// same counts.
+func TestMergeScriptMatchesMerge(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	c := srv.Client(t, nil)
+	k := key(srv.Prefix(t)+"m", 0)
+	pushes := []struct {
+		region string
+		n      int64
+	}{{"us", 3}, {"eu", 5}, {"us", 7}, {"us", 4}, {"ap", 1}, {"eu", 5}, {"eu", 2}, {"ap", 9}, {"us", 7}}
+	model := map[string]int64{}
+	for i, p := range pushes {
+		got, err := mergeScript.Run(ctx, c, []string{k}, p.region, p.n, 10_000).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		Merge(model, map[string]int64{p.region: p.n})
+		if got != model[p.region] {
+			t.Fatalf("push %d (%s=%d): script %d, Merge %d", i, p.region, p.n, got, model[p.region])
+		}
+	}
+	h, err := c.HGetAll(ctx, k).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != len(model) || h["us"] != "7" || h["eu"] != "5" || h["ap"] != "9" {
+		t.Errorf("hash %v, Merge %v", h, model)
+	}
+}
