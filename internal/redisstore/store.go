@@ -366,41 +366,8 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 // goroutine is started per decision (except for clients of unknown types,
 // whose scripts run on a goroutine of their own when a deadline is set).
 func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
-	if !s.detach {
-		allowed, _, err := s.take(ctx, now, charges, out)
-		return allowed, err
-	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
-	if ctx.Done() == nil { // no deadline to keep
-		allowed, _, err := s.take(ctx, now, charges, out)
-		return allowed, err
-	}
-	// The goroutine may outlive this call, so it gets copies: the caller
-	// may reuse charges, their Keys and out once Take returns.
-	call := &detachedCall{
-		charges: make([]window.Charge, len(charges)),
-		out:     make([]window.Decision, len(out)),
-		done:    make(chan struct{}),
-	}
-	for i, c := range charges {
-		c.Key = strings.Clone(c.Key)
-		call.charges[i] = c
-	}
-	go func() {
-		defer close(call.done)
-		call.allowed, _, call.err = s.take(ctx, now, call.charges, call.out)
-	}()
-	select {
-	case <-call.done:
-		copy(out, call.out)
-		return call.allowed, call.err
-	case <-ctx.Done():
-		return false, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
-	}
+	allowed, _, err := s.TakeAt(ctx, now, charges, out)
+	return allowed, err
 }
 
 // detachedCall is a Take running on a goroutine of its own.
@@ -408,6 +375,7 @@ type detachedCall struct {
 	charges []window.Charge
 	out     []window.Decision
 	allowed bool
+	ms      int64 // the instant the script decided at
 	err     error
 	done    chan struct{}
 }

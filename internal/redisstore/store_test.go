@@ -766,7 +766,46 @@ func TestRedisDown(t *testing.T) {
 		// The call left behind completes; the store goes on working.
 		ok(t, s)
 	})
+	t.Run("HungUnknownClient", func(t *testing.T) {
+		t.Parallel()
+		// A client of a type the store does not know is not pipelined:
+		// its script runs on a goroutine of its own, and Take and TakeAt
+		// stop waiting for it at the deadline.
+		srv := redistest.Standalone(t)
+		s := newStoreTimeout(t, unknownClient{srv.Client(t, &redis.Options{ReadTimeout: 30 * time.Second})}, timeout)
+		if !s.detach {
+			t.Fatal("store does not detach the calls of a client of unknown type")
+		}
+		ok(t, s)
+		out := make([]window.Decision, 1)
+		allowed, at, err := s.TakeAt(context.Background(), time.Time{}, []window.Charge{ch}, out)
+		if err != nil || !allowed || at.IsZero() {
+			t.Fatalf("TakeAt = %v, %v, %v; want admitted at the server's clock", allowed, at, err)
+		}
+		if err := srv.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		err = timed(t, s, timeout+300*time.Millisecond)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Take: error %v is not the deadline", err)
+		}
+		start := time.Now()
+		allowed, at, err = s.TakeAt(context.Background(), time.Time{}, []window.Charge{ch}, out)
+		if took := time.Since(start); took > timeout+300*time.Millisecond {
+			t.Errorf("TakeAt took %s, want at most %s", took, timeout+300*time.Millisecond)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || allowed || !at.IsZero() {
+			t.Errorf("TakeAt = %v, %v, %v; want the deadline and the zero time", allowed, at, err)
+		}
+		if err := srv.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		ok(t, s)
+	})
 }
+
+// unknownClient hides the type of its client from the store.
+type unknownClient struct{ redis.Scripter }
 
 func newStoreTimeout(t *testing.T, c redis.Scripter, timeout time.Duration) *Store {
 	s, err := New(c, Config{Prefix: redistest.Prefix(t), Timeout: timeout})

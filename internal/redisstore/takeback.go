@@ -20,6 +20,7 @@ var (
 
 // TakeAt is Take that also returns the instant the script decided at (the
 // server's clock, TIME, when now is the zero time), which Refund needs.
+// When it returns before the script answered, the instant is the zero time.
 func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, time.Time, error) {
 	if !s.detach {
 		allowed, ms, err := s.take(ctx, now, charges, out)
@@ -30,6 +31,12 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
+	if ctx.Done() == nil { // no deadline to keep
+		allowed, ms, err := s.take(ctx, now, charges, out)
+		return allowed, time.UnixMilli(ms), err
+	}
+	// The goroutine may outlive this call, so it gets copies: the caller
+	// may reuse charges, their Keys and out once TakeAt returns.
 	call := &detachedCall{
 		charges: make([]window.Charge, len(charges)),
 		out:     make([]window.Decision, len(out)),
@@ -39,15 +46,14 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 		c.Key = strings.Clone(c.Key)
 		call.charges[i] = c
 	}
-	var ms int64
 	go func() {
 		defer close(call.done)
-		call.allowed, ms, call.err = s.take(ctx, now, call.charges, call.out)
+		call.allowed, call.ms, call.err = s.take(ctx, now, call.charges, call.out)
 	}()
 	select {
 	case <-call.done:
 		copy(out, call.out)
-		return call.allowed, time.UnixMilli(ms), call.err
+		return call.allowed, time.UnixMilli(call.ms), call.err
 	case <-ctx.Done():
 		return false, time.Time{}, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
 	}

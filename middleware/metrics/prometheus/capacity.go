@@ -57,18 +57,8 @@ func (c *capacityMetrics) label(v string, max int) string {
 	return v
 }
 
-func (c *capacityMetrics) describe(ch chan<- *prometheus.Desc) {
-	c.limit.Describe(ch)
-	c.spare.Describe(ch)
-	c.elastic.Describe(ch)
-	c.shed.Describe(ch)
-}
-
-func (c *capacityMetrics) collect(ch chan<- prometheus.Metric) {
-	c.limit.Collect(ch)
-	c.spare.Collect(ch)
-	c.elastic.Collect(ch)
-	c.shed.Collect(ch)
+func (c *capacityMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.limit, c.spare, c.elastic, c.shed}
 }
 
 // CapacityChanged sets sluice_adaptive_limit and sluice_spare_capacity.

@@ -32,16 +32,8 @@ func newClientMetrics(cl prometheus.Labels) clientMetrics {
 	}
 }
 
-func (c *clientMetrics) describe(ch chan<- *prometheus.Desc) {
-	c.started.Describe(ch)
-	c.bans.Describe(ch)
-	c.overrides.Describe(ch)
-}
-
-func (c *clientMetrics) collect(ch chan<- prometheus.Metric) {
-	c.started.Collect(ch)
-	c.bans.Collect(ch)
-	c.overrides.Collect(ch)
+func (c *clientMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.started, c.bans, c.overrides}
 }
 
 // BanStarted counts a ban in sluice_bans_total. It implements

@@ -438,17 +438,20 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	} {
 		ch <- d
 	}
-	m.storeDuration.Describe(ch)
-	m.storeErrors.Describe(ch)
-	m.sourceFailures.Describe(ch)
-	m.sourceLoaded.Describe(ch)
-	m.batchSize.Describe(ch)
-	m.capacity.describe(ch)
-	m.sync.describe(ch)
-	m.clients.describe(ch)
-	for _, c := range m.region.collectors() {
+	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
+}
+
+// collectors returns the metrics kept by prometheus collectors of their
+// own: the store's, the sources', and those of the capacity signals,
+// the coordination layer, bans and overrides, and regions.
+func (m *Metrics) collectors() []prometheus.Collector {
+	cs := []prometheus.Collector{m.storeDuration, m.storeErrors, m.sourceFailures, m.sourceLoaded, m.batchSize}
+	cs = append(cs, m.capacity.collectors()...)
+	cs = append(cs, m.sync.collectors()...)
+	cs = append(cs, m.clients.collectors()...)
+	return append(cs, m.region.collectors()...)
 }
 
 // Collect sends the current value of every metric, reading the Stats of
@@ -464,15 +467,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.denyHitsDesc, prometheus.CounterValue, float64(n), s.label)
 		}
 	})
-	m.storeDuration.Collect(ch)
-	m.storeErrors.Collect(ch)
-	m.sourceFailures.Collect(ch)
-	m.sourceLoaded.Collect(ch)
-	m.batchSize.Collect(ch)
-	m.capacity.collect(ch)
-	m.sync.collect(ch)
-	m.clients.collect(ch)
-	for _, c := range m.region.collectors() {
+	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
 	ch <- prometheus.MustNewConstMetric(m.breakerDesc, prometheus.GaugeValue, boolValue(m.breakersOpen.Load() > 0))

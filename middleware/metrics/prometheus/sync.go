@@ -41,16 +41,8 @@ func newSyncMetrics(cl prometheus.Labels) syncMetrics {
 	}
 }
 
-func (s *syncMetrics) describe(ch chan<- *prometheus.Desc) {
-	for _, c := range []prometheus.Collector{s.unsynced, s.granted, s.gaveBack, s.dropped, s.flush, s.flushErrors} {
-		c.Describe(ch)
-	}
-}
-
-func (s *syncMetrics) collect(ch chan<- prometheus.Metric) {
-	for _, c := range []prometheus.Collector{s.unsynced, s.granted, s.gaveBack, s.dropped, s.flush, s.flushErrors} {
-		c.Collect(ch)
-	}
+func (s *syncMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.unsynced, s.granted, s.gaveBack, s.dropped, s.flush, s.flushErrors}
 }
 
 // Synced counts what the coordination layer of rules in lease or
