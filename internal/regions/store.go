@@ -113,6 +113,11 @@ type live struct {
 type peerState struct {
 	lastOK int64 // ms, local clock
 	down   bool
+	// failing: the last push or ping to the peer failed. Until one
+	// succeeds, every tick pushes all that the peer has not acknowledged
+	// (or pings it), so that the counts go through as soon as the link
+	// heals, not a sync interval later.
+	failing bool
 	// inflight is how many pushes are on their way; lastTry is when the
 	// last one began.
 	inflight int
@@ -301,7 +306,7 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 		}
 		var due []string
 		for k, l := range s.keys {
-			if now >= l.due[p] {
+			if now >= l.due[p] || ps.failing {
 				due = append(due, k)
 				l.due[p] = now + l.interval
 				if !seen[k] {
@@ -311,8 +316,8 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 			}
 		}
 		// With nothing to push, a ping every default interval tells
-		// whether the peer is reachable.
-		if len(due) > 0 || (ps.inflight == 0 && now-ps.lastTry >= DefaultSyncInterval.Milliseconds()) {
+		// whether the peer is reachable; every tick while it fails.
+		if len(due) > 0 || (ps.inflight == 0 && (ps.failing || now-ps.lastTry >= DefaultSyncInterval.Milliseconds())) {
 			ps.inflight++
 			ps.lastTry = now
 			work[p] = due
@@ -403,27 +408,39 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	began := time.Now()
-	var err error
-	if len(items) == 0 {
-		err = cl.Ping(ctx).Err()
-	} else {
-		_, err = cl.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	// The push ends at the timeout whatever the client's own timeouts
+	// (a call that meets a dead connection may wait for its read timeout
+	// and retries): a failed push must not hold the peer's turn.
+	done := make(chan error, 1)
+	go func() {
+		if len(items) == 0 {
+			done <- cl.Ping(ctx).Err()
+			return
+		}
+		merge := func(pl redis.Pipeliner, sha bool) error {
 			for i, it := range items {
-				mergeScript.Run(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+				if sha {
+					mergeScript.EvalSha(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+				} else {
+					mergeScript.Run(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+				}
 			}
 			return nil
-		})
+		}
+		_, err := cl.Pipelined(ctx, func(pl redis.Pipeliner) error { return merge(pl, false) })
 		if err != nil && isNoScript(err) {
 			// A fresh peer: load the script, then push again.
 			if err = mergeScript.Load(ctx, cl).Err(); err == nil {
-				_, err = cl.Pipelined(ctx, func(pl redis.Pipeliner) error {
-					for i, it := range items {
-						mergeScript.EvalSha(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
-					}
-					return nil
-				})
+				_, err = cl.Pipelined(ctx, func(pl redis.Pipeliner) error { return merge(pl, true) })
 			}
 		}
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	lag := time.Since(began)
 	ev := s.cfg.Events
@@ -439,9 +456,12 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 		}
 		ps.lastOK = now
 		flip, down = ps.down, false
-		ps.down = false
-	} else if !ps.down && now-ps.lastOK > s.cfg.Hold.Milliseconds() {
-		ps.down, flip, down = true, true, true
+		ps.down, ps.failing = false, false
+	} else {
+		ps.failing = true
+		if !ps.down && now-ps.lastOK > s.cfg.Hold.Milliseconds() {
+			ps.down, flip, down = true, true, true
+		}
 	}
 	s.mu.Unlock()
 

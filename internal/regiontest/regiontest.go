@@ -86,12 +86,13 @@ func (s *Sim) Local(t testing.TB, r string) *redis.Client {
 // the proxies, keyed by region. Commands fail fast while a link is cut;
 // a command that meets a connection the cut closed is retried on another.
 // Each client has a pool of 256 connections, so that requests that wait a
-// cross-region round trip do not also queue for a connection.
+// cross-region round trip do not also queue for a connection, and sends
+// no CLIENT SETINFO on a new connection, as docs/regions.md advises.
 func (s *Sim) Peers(t testing.TB, r string) map[string]redis.UniversalClient {
 	t.Helper()
 	out := map[string]redis.UniversalClient{}
 	for b, p := range s.Links[r] {
-		c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 256, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 256, DisableIdentity: true, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 		t.Cleanup(func() { _ = c.Close() })
 		out[b] = c
 	}
