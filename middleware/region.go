@@ -148,7 +148,8 @@ type scopeSet struct {
 // of ScopeRegion rules go to the region's Redis, those of ScopeGlobal
 // rules to the region's Redis through the global counters (synced to the
 // peers in the background), those of ScopeGlobalStrict rules to the home
-// region's Redis. Make one with NewRegionStore. A Take is all or nothing
+// region's Redis. Make one with NewRegionStore. It is a Resetter (for
+// global rules, see Reset) and an ObservableStore. A Take is all or nothing
 // across global and regional charges; a request denied by a
 // ScopeGlobalStrict limit stays counted by its ScopeRegion limits.
 type RegionStore struct {
@@ -282,12 +283,80 @@ func (s *RegionStore) counter(c *Charge) string {
 	return s.cfg.Prefix + hex.EncodeToString(h.Sum(b[:0])[:12])
 }
 
+var _ Resetter = (*RegionStore)(nil)
+
+// scopesNow returns the scopes of the rules in force, by rule name.
+func (s *RegionStore) scopesNow() map[string]scopeSet {
+	if p := s.scopes.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// at is the instant of a global decision made at now (Unix ms): the zero
+// time is the clock of the region's Redis (-1), unless the store was given
+// a clock.
+func (s *RegionStore) at(now time.Time) int64 {
+	switch {
+	case !now.IsZero():
+		return now.UnixMilli()
+	case s.fake:
+		return s.cfg.Now().UnixMilli()
+	}
+	return -1
+}
+
+// global returns the global counter's charge of c, or an error if c's
+// limit cannot be global.
+func (s *RegionStore) global(c *Charge, sc scopeSet) (regions.Charge, error) {
+	rc := regions.Charge{
+		Counter: s.counter(c), Limit: int64(c.Limit.Requests), Window: c.Limit.Window.Milliseconds(),
+		Sliding: c.Limit.Algorithm == SlidingWindow, Cost: int64(c.Cost), Interval: sc.interval,
+	}
+	if rc.Window <= 0 || globalSupports(c.Limit) != nil {
+		return rc, fmt.Errorf("sluice: rule %q: limit %v cannot be global", c.Name, c.Limit)
+	}
+	return rc, nil
+}
+
+// Reset drops the counters the charges name: those of ScopeRegion rules
+// in the region's Redis, those of ScopeGlobalStrict rules in the home
+// region's, and those of ScopeGlobal rules in every region: the count
+// known here of the current and previous windows is taken off, in this
+// region at once and in the peers when the syncer carries it (within a
+// tick plus the one-way delay); counts of other regions that had not
+// reached this region yet stay counted. It implements Resetter.
+func (s *RegionStore) Reset(ctx context.Context, charges []Charge) error {
+	scopes := s.scopesNow()
+	var local, strict []Charge
+	var errs []error
+	for i := range charges {
+		c := &charges[i]
+		switch sc := scopes[c.Name]; sc.scope {
+		case ScopeGlobal:
+			rc, err := s.global(c, sc)
+			if err == nil {
+				err = s.g.Reset(ctx, s.at(time.Time{}), rc)
+			}
+			errs = append(errs, err)
+		case ScopeGlobalStrict:
+			strict = append(strict, *c)
+		default:
+			local = append(local, *c)
+		}
+	}
+	if len(local) > 0 {
+		errs = append(errs, s.local.Reset(ctx, local))
+	}
+	if len(strict) > 0 {
+		errs = append(errs, s.home.Reset(ctx, strict))
+	}
+	return errors.Join(errs...)
+}
+
 // Take decides charges at one instant; see RegionStore and Store.
 func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
-	var scopes map[string]scopeSet
-	if p := s.scopes.Load(); p != nil {
-		scopes = *p
-	}
+	scopes := s.scopesNow()
 	var global, strict, local []int
 	for i := range charges {
 		switch scopes[charges[i].Name].scope {
@@ -302,15 +371,7 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 	if len(global) == 0 && len(strict) == 0 {
 		return s.local.Take(ctx, now, charges, out)
 	}
-	// The zero time is the clock of the region's Redis (-1), unless the
-	// store was given a clock.
-	ms := int64(-1)
-	switch {
-	case !now.IsZero():
-		ms = now.UnixMilli()
-	case s.fake:
-		ms = s.cfg.Now().UnixMilli()
-	}
+	ms := s.at(now)
 	type taken struct {
 		c regions.Charge
 		d regions.Decision
@@ -324,13 +385,10 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 	ok := true
 	for _, i := range global {
 		c := &charges[i]
-		rc := regions.Charge{
-			Counter: s.counter(c), Limit: int64(c.Limit.Requests), Window: c.Limit.Window.Milliseconds(),
-			Sliding: c.Limit.Algorithm == SlidingWindow, Cost: int64(c.Cost), Interval: scopes[c.Name].interval,
-		}
-		if rc.Window <= 0 || globalSupports(c.Limit) != nil {
+		rc, err := s.global(c, scopes[c.Name])
+		if err != nil {
 			refund()
-			return false, fmt.Errorf("sluice: rule %q: limit %v cannot be global", c.Name, c.Limit)
+			return false, err
 		}
 		d, err := s.g.Decide(ctx, ms, rc)
 		if err != nil {

@@ -5,6 +5,8 @@
 --   the window is picked by the clock of the region's Redis
 -- ARGV: self, cost, limit, now (ms; -1 for the server's clock, TIME),
 --       w (ms), sliding (0/1), share, ttl slack (ms), stale peers...
+-- A window's field "#reset" is the regions' sum at the last reset
+-- (reset.lua): it is taken off the sum.
 -- Reply: allowed, total, own, start, now
 local self = ARGV[1]
 local cost = tonumber(ARGV[2])
@@ -26,11 +28,17 @@ local function sum(key)
   local kv = redis.call("HGETALL", key)
   local m = {}
   local s = 0
+  local reset = 0
   for i = 1, #kv, 2 do
     local n = tonumber(kv[i + 1])
     m[kv[i]] = n
-    s = s + n
+    if kv[i] == "#reset" then
+      reset = n
+    else
+      s = s + n
+    end
   end
+  s = math.max(0, s - reset)
   for i = 9, #ARGV do
     local n = m[ARGV[i]] or 0
     if n < share then
@@ -45,13 +53,15 @@ if sliding then
   local p = sum(prev)
   total = total + math.floor(p * (w - (now - start)) / w)
 end
-if cost > 0 and total + cost <= limit then
-  own = redis.call("HINCRBY", curr, self, cost)
-  local ttl = start + w - now + slack
-  if sliding then
-    ttl = ttl + w
+if total + cost <= limit then
+  if cost > 0 then
+    own = redis.call("HINCRBY", curr, self, cost)
+    local ttl = start + w - now + slack
+    if sliding then
+      ttl = ttl + w
+    end
+    redis.call("PEXPIRE", curr, ttl)
   end
-  redis.call("PEXPIRE", curr, ttl)
   return {1, total + cost, own, start, now}
 end
 return {0, total, own, start, now}

@@ -69,14 +69,18 @@ type Window struct {
 // Total is the count a region decides from at now (Unix ms) for a window
 // of w ms starting at start: the sum over regions of the current window,
 // plus, if sliding, the previous window's sum weighted by the part of it
-// still inside the sliding window (rounded down). Each peer in stale
-// counts as at least share in each window.
+// still inside the sliding window (rounded down). A window's ResetField is
+// taken off its sum (not below 0). Each peer in stale counts as at least
+// share in each window.
 func Total(c Window, start, now, w int64, sliding bool, stale []string, share int64) int64 {
 	sum := func(m map[string]int64) int64 {
 		var s int64
-		for _, n := range m {
-			s += n
+		for r, n := range m {
+			if r != ResetField {
+				s += n
+			}
 		}
+		s = max(0, s-m[ResetField])
 		for _, p := range stale {
 			if m[p] < share {
 				s += share - m[p]

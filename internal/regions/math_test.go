@@ -85,8 +85,25 @@ func TestDecideMatchesTotal(t *testing.T) {
 			{11_100, 1, nil}, {11_300, 1, nil}, {11_500, 2, nil}, {11_900, 2, nil},
 			{12_200, 0, []string{"eu"}}, {12_300, 0, []string{"eu"}}, {12_400, 0, []string{"eu"}},
 		}
+		// Before these steps, the counter is reset (reset.lua): each of
+		// the current and previous windows' ResetField becomes its sum.
+		resets := map[int]bool{6: true, 10: true, 11: true}
 		for i, st := range steps {
 			start := Start(st.at, w)
+			if resets[i] {
+				if err := s.Reset(ctx, st.at, c); err != nil {
+					t.Fatal(err)
+				}
+				for _, ws := range []int64{start, start - w} {
+					var sum int64
+					for r, n := range get(ws) {
+						if r != ResetField {
+							sum += n
+						}
+					}
+					get(ws)[ResetField] = max(get(ws)[ResetField], sum)
+				}
+			}
 			if st.peerSets > 0 {
 				if err := mergeScript.Run(ctx, peer, []string{key(counter, start)}, "eu", st.peerSets, 10_000).Err(); err != nil {
 					t.Fatal(err)

@@ -19,7 +19,15 @@ var (
 	//go:embed merge.lua
 	mergeSrc    string
 	mergeScript = redis.NewScript(mergeSrc)
+	//go:embed reset.lua
+	resetSrc    string
+	resetScript = redis.NewScript(resetSrc)
 )
+
+// ResetField is the field of a window's hash that holds the regions' sum
+// at the window's last reset, taken off the sum (Store.Reset). It is
+// merged like a region's field; no region may have this name.
+const ResetField = "#reset"
 
 const (
 	// DefaultSyncInterval is how often a region's counts are written to
@@ -107,6 +115,10 @@ type live struct {
 	// peer acknowledged.
 	due  map[string]int64
 	sent map[string]int64
+	// marked: the window was reset here; markSent is, per peer, the
+	// ResetField the peer acknowledged.
+	marked   bool
+	markSent map[string]int64
 }
 
 // peerState is what the syncer knows of a peer.
@@ -150,6 +162,9 @@ func New(cfg Config, now int64) (*Store, error) {
 	if cfg.Region == "" || cfg.Local == nil {
 		return nil, errors.New("regions: Region and Local are required")
 	}
+	if cfg.Region == ResetField {
+		return nil, fmt.Errorf("regions: Region %q is reserved", ResetField)
+	}
 	if cfg.Hold == 0 {
 		cfg.Hold = DefaultHold
 	}
@@ -164,7 +179,7 @@ func New(cfg Config, now int64) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, keys: map[string]*live{}, peers: map[string]*peerState{}, n: len(cfg.Peers) + 1}
 	for name, c := range cfg.Peers {
-		if name == cfg.Region || c == nil {
+		if name == cfg.Region || name == ResetField || c == nil {
 			return nil, fmt.Errorf("regions: peer %q: a peer is another region, with a client", name)
 		}
 		s.names = append(s.names, name)
@@ -239,14 +254,20 @@ func b2i(b bool) int {
 func (s *Store) track(k string, c Charge, start, now, skew, slack int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.keys[k]; ok {
-		return
+	s.liveLocked(k, c, start, now, skew, slack)
+}
+
+// liveLocked returns what the syncer knows of counter window k, which it
+// starts tracking if it did not (see track), or nil if MaxKeys are.
+func (s *Store) liveLocked(k string, c Charge, start, now, skew, slack int64) *live {
+	if l, ok := s.keys[k]; ok {
+		return l
 	}
 	if len(s.keys) >= s.cfg.MaxKeys {
 		if s.cfg.Events.Dropped != nil {
 			s.cfg.Events.Dropped()
 		}
-		return
+		return nil
 	}
 	iv := c.Interval
 	if iv <= 0 {
@@ -261,7 +282,7 @@ func (s *Store) track(k string, c Charge, start, now, skew, slack int64) {
 	ttl := end - now + slack
 	end += skew
 	now += skew
-	l := &live{end: end, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
+	l := &live{end: end, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}, markSent: map[string]int64{}}
 	// The first push comes one interval after the first admission, and
 	// before the window ends even when the interval is longer.
 	first := min(now+l.interval, max(now, end-1))
@@ -269,6 +290,54 @@ func (s *Store) track(k string, c Charge, start, now, skew, slack int64) {
 		l.due[p] = first
 	}
 	s.keys[k] = l
+	return l
+}
+
+// Reset resets c's counter (its Counter, Window and Sliding) in the
+// region's own Redis at now (Unix ms; negative for the clock of the
+// region's Redis): in the current window and the previous one, the sum of
+// the regions' counts known here becomes the window's ResetField, which
+// decisions take off the sum, and the syncer carries it to the peers at
+// its next tick (within a tick plus d). The counts are never lowered, so
+// that merges stay idempotent: what other regions counted that had not
+// reached this region yet stays counted.
+func (s *Store) Reset(ctx context.Context, now int64, c Charge) error {
+	if c.Window <= 0 {
+		return errors.New("regions: Reset: the charge has no window")
+	}
+	v, err := resetScript.Run(ctx, s.cfg.Local, []string{base(c.Counter)}, max(now, -1), c.Window).Int64Slice()
+	if err != nil {
+		return err
+	}
+	if len(v) != 4 {
+		return errors.New("regions: unexpected reply of the reset script")
+	}
+	if len(s.names) == 0 {
+		return nil
+	}
+	local := now
+	if now < 0 {
+		local = s.cfg.Clock()
+	}
+	skew, slack := local-v[1], 2*s.cfg.Hold.Milliseconds()+1000
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, start := range []int64{v[0], v[0] - c.Window} {
+		end := start + c.Window
+		if c.Sliding {
+			end += c.Window
+		}
+		if v[2+i] == 0 || end <= v[1] {
+			continue // nothing to reset, or nobody decides from it any more
+		}
+		if l := s.liveLocked(key(c.Counter, start), c, start, v[1], skew, slack); l != nil {
+			l.marked = true
+			for _, p := range s.names {
+				l.due[p] = local // at the next tick
+			}
+		}
+	}
+	return nil
 }
 
 // Sync runs one tick of the syncer at now (Unix ms) and waits for its
@@ -325,12 +394,12 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 	}
 	s.mu.Unlock()
 
-	own := map[string]int64{}
+	own, marks := map[string]int64{}, map[string]int64{}
 	if len(union) > 0 {
-		cmds := make([]*redis.StringCmd, len(union))
+		cmds := make([]*redis.SliceCmd, len(union))
 		_, err := s.cfg.Local.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range union {
-				cmds[i] = p.HGet(ctx, k, s.cfg.Region)
+				cmds[i] = p.HMGet(ctx, k, s.cfg.Region, ResetField)
 			}
 			return nil
 		})
@@ -342,8 +411,15 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 			s.mu.Unlock()
 			return err
 		}
+		num := func(v any) int64 {
+			str, _ := v.(string)
+			n, _ := strconv.ParseInt(str, 10, 64)
+			return n
+		}
 		for i, c := range cmds {
-			own[union[i]], _ = c.Int64()
+			if v := c.Val(); len(v) == 2 {
+				own[union[i]], marks[union[i]] = num(v[0]), num(v[1])
+			}
 		}
 	}
 
@@ -355,7 +431,7 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 		go func() {
 			defer s.pushes.Done()
 			defer wg.Done()
-			err := s.push(context.WithoutCancel(ctx), now, p, due, own)
+			err := s.push(context.WithoutCancel(ctx), now, p, due, own, marks)
 			s.mu.Lock()
 			s.peers[p].inflight--
 			s.stale = s.staleLocked()
@@ -388,17 +464,25 @@ func (s *Store) staleLocked() []string {
 
 // push writes the counts of due not yet acknowledged by peer p, or pings
 // it when there are none, and updates what is known of p.
-func (s *Store) push(ctx context.Context, now int64, p string, due []string, own map[string]int64) error {
+func (s *Store) push(ctx context.Context, now int64, p string, due []string, own, marks map[string]int64) error {
 	type item struct {
-		k string
-		n int64
+		k, field string
+		n        int64
 	}
 	var items []item
 	ttls := make([]int64, 0, len(due))
 	s.mu.Lock()
 	for _, k := range due {
-		if l := s.keys[k]; l != nil && own[k] > l.sent[p] {
-			items = append(items, item{k, own[k]})
+		l := s.keys[k]
+		if l == nil {
+			continue
+		}
+		if own[k] > l.sent[p] {
+			items = append(items, item{k, s.cfg.Region, own[k]})
+			ttls = append(ttls, l.ttl)
+		}
+		if l.marked && marks[k] > l.markSent[p] {
+			items = append(items, item{k, ResetField, marks[k]})
 			ttls = append(ttls, l.ttl)
 		}
 	}
@@ -420,9 +504,9 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 		merge := func(pl redis.Pipeliner, sha bool) error {
 			for i, it := range items {
 				if sha {
-					mergeScript.EvalSha(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+					mergeScript.EvalSha(ctx, pl, []string{it.k}, it.field, it.n, ttls[i])
 				} else {
-					mergeScript.Run(ctx, pl, []string{it.k}, s.cfg.Region, it.n, ttls[i])
+					mergeScript.Run(ctx, pl, []string{it.k}, it.field, it.n, ttls[i])
 				}
 			}
 			return nil
@@ -450,8 +534,13 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 	var flip, down bool
 	if err == nil {
 		for _, it := range items {
-			if l := s.keys[it.k]; l != nil && it.n > l.sent[p] {
-				l.sent[p] = it.n
+			l := s.keys[it.k]
+			switch {
+			case l == nil:
+			case it.field == ResetField:
+				l.markSent[p] = max(l.markSent[p], it.n)
+			default:
+				l.sent[p] = max(l.sent[p], it.n)
 			}
 		}
 		ps.lastOK = now

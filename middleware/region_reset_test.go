@@ -1,0 +1,94 @@
+package middleware
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testclock"
+)
+
+// TestRegionStoreResetGlobalOnCluster: the admin handler's reset and
+// Peek work on a global rule, through a RegionStore whose own Redis is a
+// Redis Cluster; the reset reaches the peer region with the next sync.
+func TestRegionStoreResetGlobalOnCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.Cluster(t)
+	euSrv := redistest.Standalone(t)
+	prefix := cluster.Prefix(t)
+	usRedis, euRedis := cluster.Client(t, nil), euSrv.Client(t, nil)
+	clock := testclock.New(time.UnixMilli(1_800_000_000_000))
+	rules := []Rule{{Name: "g", Key: fixedKey, Limits: []Limit{PerMinute(5).FixedWindow()}, Scope: ScopeGlobal}}
+	region := func(name string, own redis.UniversalClient, peer string, peerClient redis.UniversalClient) (*Limiter, *RegionStore) {
+		s, err := NewRegionStore(RegionConfig{
+			Region: name, Redis: own, Peers: map[string]redis.UniversalClient{peer: peerClient},
+			Prefix: prefix + "rg:", Now: clock.Now, Manual: true, RedisConfig: RedisConfig{Prefix: prefix},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		lim, err := NewRules(rules, WithStore(s), WithClock(clock.Now), WithDenyCache(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lim.Close() })
+		return lim, s
+	}
+	usLim, usStore := region("us", usRedis, "eu", euRedis)
+	euLim, euStore := region("eu", euRedis, "us", usRedis)
+	sync := func() {
+		t.Helper()
+		clock.Add(DefaultRegionSyncInterval)
+		for _, s := range []*RegionStore{usStore, euStore} {
+			if err := s.Sync(context.Background(), time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	remaining := func(lim *Limiter) int {
+		t.Helper()
+		st, err := lim.Peek(context.Background(), "g", "client")
+		if err != nil || len(st) != 1 {
+			t.Fatalf("Peek: %v, %v", st, err)
+		}
+		return st[0].Remaining
+	}
+
+	got := admitN(t, usLim, 3)
+	sync()
+	got += admitN(t, euLim, 3)
+	sync()
+	if got != 5 || remaining(usLim) != 0 || remaining(euLim) != 0 {
+		t.Fatalf("admitted %d, remaining us %d eu %d; want the limit, 5, and nothing left", got, remaining(usLim), remaining(euLim))
+	}
+
+	admin := AdminHandler(usLim, AdminConfig{Authorize: func(*http.Request) bool { return true }})
+	w := httptest.NewRecorder()
+	admin.ServeHTTP(w, httptest.NewRequest("POST", "/reset?rule=g&key=client", nil))
+	if w.Code != http.StatusOK {
+		t.Fatalf("POST /reset: %d %s", w.Code, w.Body)
+	}
+	if r := remaining(usLim); r != 5 {
+		t.Errorf("after the reset, us has %d left, want 5", r)
+	}
+	if r := remaining(euLim); r != 0 {
+		t.Errorf("before the sync, eu has %d left, want 0 (the reset has not reached it)", r)
+	}
+	sync()
+	if r := remaining(euLim); r != 5 {
+		t.Errorf("after the sync, eu has %d left, want 5", r)
+	}
+	// The regions share the limit again from zero.
+	got = admitN(t, euLim, 4)
+	sync()
+	got += admitN(t, usLim, 4)
+	if got != 5 {
+		t.Errorf("after the reset, %d admitted across regions, want 5", got)
+	}
+}
