@@ -86,3 +86,36 @@ func TestPushTimeoutBounded(t *testing.T) {
 		t.Errorf("a push to a peer that does not answer: %v after %v; want a failure after about 100ms", err, took)
 	}
 }
+
+// TestLastPushAfterWindowEnd: with a sync interval as long as the window,
+// a counter's only push is due 1 ms before the window ends; a syncer whose
+// tick steps over that millisecond still pushes it, at its first tick
+// after the end, before dropping the counter.
+func TestLastPushAfterWindowEnd(t *testing.T) {
+	sim := regiontest.New(t, []string{"us", "eu"}, func(string, string) time.Duration { return 0 })
+	ctx := context.Background()
+	s, err := New(Config{Region: "us", Local: sim.Local(t, "us"), Peers: sim.Peers(t, "us")}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := Charge{Counter: sim.Servers["us"].Prefix(t) + "c", Limit: 10, Window: 1000, Cost: 1, Interval: time.Second}
+	d, err := s.Decide(ctx, 1_500, c)
+	if err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	for _, at := range []int64{1_990, 2_005, 2_015} { // ticks of 10 ms + 5 ms
+		if err := s.Sync(ctx, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := sim.Local(t, "eu").HGet(ctx, key(c.Counter, d.Start), "us").Int64(); n != 1 {
+		t.Errorf("the peer holds %d, %v; want the window's count, 1", n, err)
+	}
+	s.mu.Lock()
+	left := len(s.keys)
+	s.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d counters still tracked after their last push", left)
+	}
+}

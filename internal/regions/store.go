@@ -121,6 +121,17 @@ type live struct {
 	markSent map[string]int64
 }
 
+// pushed reports whether every push due before the window ended has
+// left.
+func (l *live) pushed() bool {
+	for _, d := range l.due {
+		if d < l.end {
+			return false
+		}
+	}
+	return true
+}
+
 // peerState is what the syncer knows of a peer.
 type peerState struct {
 	lastOK int64 // ms, local clock
@@ -364,7 +375,10 @@ func (s *Store) sync(ctx context.Context, now int64, wait bool) error {
 	var union []string
 	seen := map[string]bool{}
 	for k, l := range s.keys {
-		if now >= l.end {
+		// A window nobody decides from any more is dropped once its last
+		// due push has left (its first is due just before it ends, which
+		// a tick may step over), or a push timeout after it ended.
+		if now >= l.end && (l.pushed() || now >= l.end+s.cfg.Timeout.Milliseconds()) {
 			delete(s.keys, k)
 		}
 	}
