@@ -380,6 +380,18 @@ type detachedCall struct {
 	done    chan struct{}
 }
 
+// checkCharge returns an error naming charge i if its Limit is invalid or
+// its Cost negative: what Take and Refund check before anything is sent.
+func checkCharge(i int, c *window.Charge) error {
+	if err := c.Limit.Validate(); err != nil {
+		return fmt.Errorf("redisstore: charge %d: %w", i, err)
+	}
+	if c.Cost < 0 {
+		return fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+	}
+	return nil
+}
+
 // take is Take that also returns the instant, in Unix milliseconds, at which
 // the script decided.
 func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, int64, error) {
@@ -387,12 +399,8 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 		return false, 0, fmt.Errorf("redisstore: %d decisions for %d charges", len(out), len(charges))
 	}
 	for i := range charges {
-		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return false, 0, fmt.Errorf("redisstore: charge %d: %w", i, err)
-		}
-		if c.Cost < 0 {
-			return false, 0, fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		if err := checkCharge(i, &charges[i]); err != nil {
+			return false, 0, err
 		}
 	}
 	if len(charges) == 0 {

@@ -70,11 +70,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charge) error {
 	for i := range charges {
 		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return fmt.Errorf("redisstore: charge %d: %w", i, err)
-		}
-		if c.Cost < 0 {
-			return fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		if err := checkCharge(i, c); err != nil {
+			return err
 		}
 		if !window.Refundable(c.Limit) {
 			return fmt.Errorf("redisstore: charge %d (%q): a %s cannot be refunded", i, c.Name, c.Limit.Algorithm)
