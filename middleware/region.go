@@ -130,7 +130,9 @@ type RegionConfig struct {
 	// ScopeGlobalStrict rules (NewRedisStore).
 	RedisConfig RedisConfig
 	// Now, if set, is the clock of global decisions made at the zero time
-	// and of the syncer; nil means time.Now.
+	// and of the syncer. nil: global decisions made at the zero time read
+	// the clock of the region's Redis (TIME), the one clock of the
+	// region's app servers, and the syncer runs on time.Now.
 	Now func() time.Time
 	// Manual, if set, starts no syncer: the caller calls Sync.
 	Manual bool
@@ -151,6 +153,7 @@ type scopeSet struct {
 // ScopeGlobalStrict limit stays counted by its ScopeRegion limits.
 type RegionStore struct {
 	cfg    RegionConfig
+	fake   bool // cfg.Now was set: the zero time is cfg.Now, not TIME
 	local  *RedisStore
 	home   *RedisStore
 	g      *regions.Store
@@ -171,10 +174,10 @@ func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "sluice:rg:"
 	}
+	s := &RegionStore{cfg: cfg, fake: cfg.Now != nil}
 	if cfg.Now == nil {
-		cfg.Now = time.Now
+		s.cfg.Now = time.Now
 	}
-	s := &RegionStore{cfg: cfg}
 	var err error
 	if s.local, err = NewRedisStore(cfg.Redis, cfg.RedisConfig); err != nil {
 		return nil, err
@@ -187,6 +190,7 @@ func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 	}
 	s.g, err = regions.New(regions.Config{
 		Region: cfg.Region, Local: cfg.Redis, Peers: cfg.Peers, Hold: cfg.Hold,
+		Clock: func() int64 { return s.cfg.Now().UnixMilli() },
 		Events: regions.Events{
 			Synced: func(p string, lag time.Duration, n int) {
 				s.send(RegionEvent{Kind: RegionSynced, Peer: p, Lag: lag, Counters: n})
@@ -201,12 +205,12 @@ func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 			},
 			Dropped: func() { s.send(RegionEvent{Kind: RegionDropped}) },
 		},
-	}, cfg.Now().UnixMilli())
+	}, s.cfg.Now().UnixMilli())
 	if err != nil {
 		return nil, fmt.Errorf("sluice: %w", err)
 	}
 	if !cfg.Manual {
-		s.g.Run(50*time.Millisecond, func() int64 { return cfg.Now().UnixMilli() })
+		s.g.Run(50*time.Millisecond, func() int64 { return s.cfg.Now().UnixMilli() })
 	}
 	return s, nil
 }
@@ -298,11 +302,15 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 	if len(global) == 0 && len(strict) == 0 {
 		return s.local.Take(ctx, now, charges, out)
 	}
-	at := now
-	if at.IsZero() {
-		at = s.cfg.Now()
+	// The zero time is the clock of the region's Redis (-1), unless the
+	// store was given a clock.
+	ms := int64(-1)
+	switch {
+	case !now.IsZero():
+		ms = now.UnixMilli()
+	case s.fake:
+		ms = s.cfg.Now().UnixMilli()
 	}
-	ms := at.UnixMilli()
 	type taken struct {
 		c regions.Charge
 		d regions.Decision
@@ -329,7 +337,7 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 			refund()
 			return false, err
 		}
-		out[i] = globalDecision(rc, d, ms)
+		out[i] = globalDecision(rc, d, d.Now)
 		if d.Allowed && rc.Cost > 0 {
 			admitted = append(admitted, taken{rc, d})
 		}

@@ -1,18 +1,26 @@
 -- Decides a request of a global limit on the region's own Redis; the
--- arithmetic of regions.Total and regions.Fits.
--- KEYS[1]: the current window's hash (one field per region)
--- KEYS[2]: the previous window's hash (sliding windows)
--- ARGV: self, cost, limit, now (ms), start (ms), w (ms), sliding (0/1),
---       share, ttl (ms), stale peers...
+-- arithmetic of regions.Start, regions.Total and regions.Fits.
+-- KEYS[1]: the counter's key without the window ("{counter}:"); a
+--   window's hash (one field per region) is KEYS[1] .. start, so that
+--   the window is picked by the clock of the region's Redis
+-- ARGV: self, cost, limit, now (ms; -1 for the server's clock, TIME),
+--       w (ms), sliding (0/1), share, ttl slack (ms), stale peers...
+-- Reply: allowed, total, own, start, now
 local self = ARGV[1]
 local cost = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
-local start = tonumber(ARGV[5])
-local w = tonumber(ARGV[6])
-local sliding = ARGV[7] == "1"
-local share = tonumber(ARGV[8])
-local ttl = tonumber(ARGV[9])
+local w = tonumber(ARGV[5])
+local sliding = ARGV[6] == "1"
+local share = tonumber(ARGV[7])
+local slack = tonumber(ARGV[8])
+if now < 0 then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local start = now - now % w
+local curr = KEYS[1] .. start
+local prev = KEYS[1] .. (start - w)
 
 local function sum(key)
   local kv = redis.call("HGETALL", key)
@@ -23,7 +31,7 @@ local function sum(key)
     m[kv[i]] = n
     s = s + n
   end
-  for i = 10, #ARGV do
+  for i = 9, #ARGV do
     local n = m[ARGV[i]] or 0
     if n < share then
       s = s + share - n
@@ -32,14 +40,18 @@ local function sum(key)
   return s, m[self] or 0
 end
 
-local total, own = sum(KEYS[1])
+local total, own = sum(curr)
 if sliding then
-  local p = sum(KEYS[2])
+  local p = sum(prev)
   total = total + math.floor(p * (w - (now - start)) / w)
 end
 if cost > 0 and total + cost <= limit then
-  own = redis.call("HINCRBY", KEYS[1], self, cost)
-  redis.call("PEXPIRE", KEYS[1], ttl)
-  return {1, total + cost, own}
+  own = redis.call("HINCRBY", curr, self, cost)
+  local ttl = start + w - now + slack
+  if sliding then
+    ttl = ttl + w
+  end
+  redis.call("PEXPIRE", curr, ttl)
+  return {1, total + cost, own, start, now}
 end
-return {0, total, own}
+return {0, total, own, start, now}

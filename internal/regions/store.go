@@ -67,7 +67,11 @@ type Config struct {
 	MaxKeys int
 	// Timeout bounds each push; 0 means one second.
 	Timeout time.Duration
-	Events  Events
+	// Clock is the syncer's clock (Unix ms), which also places the windows
+	// decided on the clock of the region's Redis; nil means the wall
+	// clock.
+	Clock  func() int64
+	Events Events
 }
 
 // Charge is one request against one global limit.
@@ -89,8 +93,9 @@ type Decision struct {
 	Allowed bool
 	// Total is the regions' count after the request; Own the region's.
 	Total, Own int64
-	// Start is the start of the window decided in (Unix ms).
-	Start int64
+	// Start is the start of the window decided in, and Now the instant
+	// decided at (Unix ms, on the clock that decided).
+	Start, Now int64
 }
 
 // live is a counter window the syncer pushes.
@@ -149,6 +154,9 @@ func New(cfg Config, now int64) (*Store, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = func() int64 { return time.Now().UnixMilli() }
+	}
 	s := &Store{cfg: cfg, keys: map[string]*live{}, peers: map[string]*peerState{}, n: len(cfg.Peers) + 1}
 	for name, c := range cfg.Peers {
 		if name == cfg.Region || c == nil {
@@ -165,38 +173,44 @@ func (s *Store) Regions() int { return s.n }
 
 // key names a counter window: one hash slot per counter (Redis Cluster).
 func key(counter string, start int64) string {
-	return "{" + counter + "}:" + strconv.FormatInt(start, 10)
+	return base(counter) + strconv.FormatInt(start, 10)
 }
 
-// Decide decides c at now (Unix ms) on the region's own Redis and, if it
-// is admitted, remembers its window for the syncer.
+// base is the key of a counter's windows without the window.
+func base(counter string) string { return "{" + counter + "}:" }
+
+// Decide decides c at now (Unix ms), or, when now is negative, at the
+// clock of the region's Redis (TIME): the one clock of every app server
+// of the region, so that app servers whose clocks are skewed agree on the
+// window. If c is admitted, Decide remembers its window for the syncer.
 func (s *Store) Decide(ctx context.Context, now int64, c Charge) (Decision, error) {
-	start := Start(now, c.Window)
 	s.mu.Lock()
 	stale := s.stale
 	s.mu.Unlock()
 	share := Share(c.Limit, s.n)
-	end := start + c.Window
-	if c.Sliding {
-		end += c.Window
-	}
-	ttl := end - now + 2*s.cfg.Hold.Milliseconds() + 1000
-	args := make([]any, 0, 9+len(stale))
-	args = append(args, s.cfg.Region, c.Cost, c.Limit, now, start, c.Window, b2i(c.Sliding), share, ttl)
+	slack := 2*s.cfg.Hold.Milliseconds() + 1000
+	args := make([]any, 0, 8+len(stale))
+	args = append(args, s.cfg.Region, c.Cost, c.Limit, max(now, -1), c.Window, b2i(c.Sliding), share, slack)
 	for _, p := range stale {
 		args = append(args, p)
 	}
-	k := key(c.Counter, start)
-	v, err := decideScript.Run(ctx, s.cfg.Local, []string{k, key(c.Counter, start-c.Window)}, args...).Int64Slice()
+	v, err := decideScript.Run(ctx, s.cfg.Local, []string{base(c.Counter)}, args...).Int64Slice()
 	if err != nil {
 		return Decision{}, err
 	}
-	if len(v) != 3 {
+	if len(v) != 5 {
 		return Decision{}, errors.New("regions: unexpected reply of the decide script")
 	}
-	d := Decision{Allowed: v[0] == 1, Total: v[1], Own: v[2], Start: start}
+	d := Decision{Allowed: v[0] == 1, Total: v[1], Own: v[2], Start: v[3], Now: v[4]}
 	if d.Allowed && len(s.names) > 0 {
-		s.track(k, c, start, now, ttl)
+		// The syncer runs on this app server's clock: the window's
+		// instants are moved by the skew between it and the clock that
+		// decided.
+		local := now
+		if now < 0 {
+			local = s.cfg.Clock()
+		}
+		s.track(key(c.Counter, d.Start), c, d.Start, v[4], local-v[4], slack)
 	}
 	return d, nil
 }
@@ -215,7 +229,9 @@ func b2i(b bool) int {
 	return 0
 }
 
-func (s *Store) track(k string, c Charge, start, now, ttl int64) {
+// track remembers counter window k, decided at now (on the clock that
+// decided), for the syncer; skew is the syncer's clock minus that clock.
+func (s *Store) track(k string, c Charge, start, now, skew, slack int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.keys[k]; ok {
@@ -237,6 +253,9 @@ func (s *Store) track(k string, c Charge, start, now, ttl int64) {
 	if c.Sliding {
 		end += c.Window
 	}
+	ttl := end - now + slack
+	end += skew
+	now += skew
 	l := &live{end: end, interval: iv.Milliseconds(), ttl: ttl, due: map[string]int64{}, sent: map[string]int64{}}
 	// The first push comes one interval after the first admission, and
 	// before the window ends even when the interval is longer.
