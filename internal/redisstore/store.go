@@ -343,6 +343,15 @@ func (s *Store) Close() error {
 // limiter needs no circuit breaker of its own in front of it.
 func (s *Store) PerServerHealth() bool { return s.pipe != nil }
 
+// bounded returns ctx with a deadline Config.Timeout from now, if one is
+// set, and its cancel function (a no-op when none is).
+func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout > 0 {
+		return context.WithTimeout(ctx, s.timeout)
+	}
+	return ctx, func() {}
+}
+
 // eval runs script through the pipeline or, for clients it does not know,
 // directly.
 func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
@@ -724,11 +733,8 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	// One run per Key: a run may only touch one slot.
 	for start := 0; start < len(idx); {
 		end := start + 1

@@ -26,11 +26,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 		allowed, ms, err := s.take(ctx, now, charges, out)
 		return allowed, time.UnixMilli(ms), err
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if ctx.Done() == nil { // no deadline to keep
 		allowed, ms, err := s.take(ctx, now, charges, out)
 		return allowed, time.UnixMilli(ms), err
@@ -81,11 +78,8 @@ func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charg
 	if at.IsZero() || nowMs < 0 || nowMs > maxNow {
 		return fmt.Errorf("redisstore: refund at %s: want the instant TakeAt returned", at)
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	var errs []error
 	for start := 0; start < len(charges); {
 		end := start + 1
