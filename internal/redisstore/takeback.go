@@ -20,7 +20,7 @@ var (
 
 // TakeAt is Take that also returns the instant the script decided at (the
 // server's clock, TIME, when now is the zero time), which Refund needs.
-// When it returns before the script answered, the instant is the zero time.
+// With an error, the instant means nothing.
 func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, time.Time, error) {
 	if !s.detach {
 		allowed, ms, err := s.take(ctx, now, charges, out)
