@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/schedlag"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/middleware/config"
 )
 
 // conformance is the configuration of the conformance tests: the Envoy
@@ -504,5 +505,39 @@ func TestRedisStopped(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeadersOverrideWindow checks that RateLimit-Policy gives the window
+// of the limit that counted, here a client's override of 90 s, not one
+// read back from the descriptor file's unit.
+func TestHeadersOverrideWindow(t *testing.T) {
+	t.Parallel()
+	r := startRLS(t, backends[0].store(t), envoyrls.Options{}, nil,
+		"domain: ow\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 20}\n")
+	lim := r.reloaders[0].Limiter()
+	descs := []config.Descriptor{{Entries: []config.DescriptorEntry{{Key: "client", Value: "x"}}, Cost: 1}}
+	req := config.NewDescriptorRequest(context.Background(), descs, 0)
+	rules := lim.Rules()
+	var rule *middleware.Rule
+	for i := range rules {
+		if rules[i].Match != nil && rules[i].Match(req) {
+			rule = &rules[i]
+		}
+	}
+	if rule == nil {
+		t.Fatal("no rule matches client=x")
+	}
+	key, err := rule.Key(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := middleware.Override{Rule: rule.Name, Key: key, Limits: []middleware.Limit{{Requests: 7, Window: 90 * time.Second, Algorithm: middleware.FixedWindow}}}
+	if err := lim.SetOverride(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	got := headerMap(r.call(t, "ow", 0, desc("client=x")))
+	if want := `"ow.client";q=7;w=90`; got["RateLimit-Policy"] != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got["RateLimit-Policy"], want)
 	}
 }

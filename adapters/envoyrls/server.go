@@ -215,7 +215,9 @@ type decision struct {
 	err    error
 	// values describe the descriptor's limit for the headers, when one
 	// applied and was counted.
-	values  headers.Values
+	values headers.Values
+	// window is the window of the limit values describe.
+	window  time.Duration
 	limited bool
 	over    bool
 }
@@ -257,6 +259,7 @@ func decide(ctx context.Context, lim *middleware.Limiter, descs []config.Descrip
 		dec.limited, dec.over = true, !res.Allowed
 		dec.values = headers.Values{Name: res.Policy, Limit: res.Limit.Requests, Remaining: res.Remaining,
 			Reset: res.ResetAfter, Next: res.NextAfter}
+		dec.window = res.Limit.Window
 		if !res.Allowed {
 			dec.values.RetryAfter = res.RetryAfter
 		}
@@ -318,6 +321,7 @@ func check(ctx context.Context, lim *middleware.Limiter, r *config.DescriptorReq
 	}
 	dec.limited, dec.over = true, st.Code == rlsv3.RateLimitResponse_OVER_LIMIT
 	dec.values = headers.Values{Name: ls.Policy, Limit: ls.Limit.Requests, Remaining: ls.Remaining, Reset: ls.ResetAfter, Next: ls.NextAfter}
+	dec.window = ls.Limit.Window
 	if dec.over {
 		dec.values.RetryAfter = ls.NextAfter
 	}
@@ -359,10 +363,7 @@ func responseHeaders(style headers.Style, out []decision) []*corev3.HeaderValue 
 		if !d.limited {
 			continue
 		}
-		p := headers.Policy{Name: d.values.Name, Quota: d.values.Limit}
-		if cl := d.status.CurrentLimit; cl != nil {
-			p.Window = windowOf(cl.Unit)
-		}
+		p := headers.Policy{Name: d.values.Name, Quota: d.values.Limit, Window: d.window}
 		if !containsPolicy(policies, p) {
 			policies = append(policies, p)
 		}
@@ -398,20 +399,6 @@ func containsPolicy(ps []headers.Policy, p headers.Policy) bool {
 		}
 	}
 	return false
-}
-
-func windowOf(u rlsv3.RateLimitResponse_RateLimit_Unit) time.Duration {
-	switch u {
-	case rlsv3.RateLimitResponse_RateLimit_SECOND:
-		return time.Second
-	case rlsv3.RateLimitResponse_RateLimit_MINUTE:
-		return time.Minute
-	case rlsv3.RateLimitResponse_RateLimit_HOUR:
-		return time.Hour
-	case rlsv3.RateLimitResponse_RateLimit_DAY:
-		return 24 * time.Hour
-	}
-	return 0
 }
 
 // headerList collects the fields headers.Write sets, as Envoy adds them

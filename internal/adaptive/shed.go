@@ -83,9 +83,3 @@ func (s *Shedder) refused(now time.Time, p Priority) {
 		}
 	}
 }
-
-// Shut reports whether priority p is refused at now whatever the count in
-// flight, because a request of higher priority was refused within Hold.
-func (s *Shedder) Shut(now time.Time, p Priority) bool {
-	return p < NumPriorities && now.Before(s.until[p])
-}

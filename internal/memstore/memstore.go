@@ -359,6 +359,19 @@ func (s *Store) shardOf(k2 uint64) uint32 {
 	return uint32(k2 >> s.shardShift) // 0 with one shard: the shift is 64
 }
 
+// checkCharge returns an error naming charge i if its Limit is invalid or
+// its Cost negative: what Take, GiveBack and Refund check before they
+// count anything.
+func checkCharge(i int, c *window.Charge) error {
+	if err := c.Limit.Validate(); err != nil {
+		return fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
+	}
+	if c.Cost < 0 {
+		return fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
+	}
+	return nil
+}
+
 // Take decides charges at now, all or nothing, as the middleware Store
 // contract describes: the request is admitted only if every charge fits its
 // limit, and only then is each charge's cost counted. The zero now means the
@@ -386,12 +399,8 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		return false, fmt.Errorf("memstore: %d decisions for %d charges, want as many", len(out), len(charges))
 	}
 	for i := range charges {
-		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return false, fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
-		}
-		if c.Cost < 0 {
-			return false, fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
+		if err := checkCharge(i, &charges[i]); err != nil {
+			return false, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -540,12 +549,8 @@ func (s *Store) takeOne(ms int64, c *window.Charge, out *window.Decision) bool {
 // middleware.Returner.
 func (s *Store) GiveBack(ctx context.Context, now time.Time, charges []window.Charge) error {
 	for i := range charges {
-		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
-		}
-		if c.Cost < 0 {
-			return fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
+		if err := checkCharge(i, &charges[i]); err != nil {
+			return err
 		}
 	}
 	if err := ctx.Err(); err != nil {

@@ -29,11 +29,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charge) error {
 	for i := range charges {
 		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return fmt.Errorf("memstore: charge %d (%q): %w", i, c.Name, err)
-		}
-		if c.Cost < 0 {
-			return fmt.Errorf("memstore: charge %d (%q): cost %d must not be negative", i, c.Name, c.Cost)
+		if err := checkCharge(i, c); err != nil {
+			return err
 		}
 		if !window.Refundable(c.Limit) {
 			return fmt.Errorf("memstore: charge %d (%q): a %s cannot be refunded", i, c.Name, c.Limit.Algorithm)

@@ -129,13 +129,6 @@ func (s *Store) banKey(rule, key string) string {
 	return string(hex.AppendEncode(b, sum[:fieldLen]))
 }
 
-func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.timeout > 0 {
-		return context.WithTimeout(ctx, s.timeout)
-	}
-	return ctx, func() {}
-}
-
 // SetBan bans key under rule for d from now (the zero time means the
 // server's clock), unless a ban that ends later is in force, and returns
 // when the ban ends.

@@ -51,11 +51,8 @@ func (s *Store) GiveBack(ctx context.Context, now time.Time, charges []window.Ch
 	if err != nil {
 		return err
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	var errs []error
 	for i := range charges {
 		c := &charges[i]

@@ -18,11 +18,8 @@ var resetScript = redis.NewScript(`return redis.call('HDEL', KEYS[1], unpack(ARG
 // HDEL per Key, in the Key's bucket. A counter that does not exist is left
 // alone.
 func (s *Store) Reset(ctx context.Context, charges []window.Charge) error {
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	byKey := map[string][]any{}
 	var order []string
 	for i := range charges {

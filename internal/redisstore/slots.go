@@ -66,11 +66,8 @@ func (s *Store) slotCall(ctx context.Context, sl *window.Slot, op string, now ti
 	if err != nil {
 		return nil, err
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	v, err := s.eval(ctx, slotsScript, []string{s.slotKey(sl)},
 		[]any{op, arg, sl.ID, sl.Lease.Milliseconds(), int64(sl.Limit)})
 	if err != nil {

@@ -33,11 +33,8 @@ func (s *Store) PublishSpare(ctx context.Context, now time.Time, server string, 
 		return 0, 0, err
 	}
 	permille := int64(min(max(spare, 0), 1)*1000 + 0.5)
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	v, err := spareScript.Run(ctx, s.client, []string{s.prefix + "{capacity}"}, at, server, permille, ttl.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, 0, err

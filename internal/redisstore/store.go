@@ -343,6 +343,15 @@ func (s *Store) Close() error {
 // limiter needs no circuit breaker of its own in front of it.
 func (s *Store) PerServerHealth() bool { return s.pipe != nil }
 
+// bounded returns ctx with a deadline Config.Timeout from now, if one is
+// set, and its cancel function (a no-op when none is).
+func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout > 0 {
+		return context.WithTimeout(ctx, s.timeout)
+	}
+	return ctx, func() {}
+}
+
 // eval runs script through the pipeline or, for clients it does not know,
 // directly.
 func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
@@ -380,6 +389,18 @@ type detachedCall struct {
 	done    chan struct{}
 }
 
+// checkCharge returns an error naming charge i if its Limit is invalid or
+// its Cost negative: what Take and Refund check before anything is sent.
+func checkCharge(i int, c *window.Charge) error {
+	if err := c.Limit.Validate(); err != nil {
+		return fmt.Errorf("redisstore: charge %d: %w", i, err)
+	}
+	if c.Cost < 0 {
+		return fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+	}
+	return nil
+}
+
 // take is Take that also returns the instant, in Unix milliseconds, at which
 // the script decided.
 func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, int64, error) {
@@ -387,12 +408,8 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 		return false, 0, fmt.Errorf("redisstore: %d decisions for %d charges", len(out), len(charges))
 	}
 	for i := range charges {
-		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return false, 0, fmt.Errorf("redisstore: charge %d: %w", i, err)
-		}
-		if c.Cost < 0 {
-			return false, 0, fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		if err := checkCharge(i, &charges[i]); err != nil {
+			return false, 0, err
 		}
 	}
 	if len(charges) == 0 {
@@ -716,11 +733,8 @@ func (s *Store) refund(ctx context.Context, sc *scratch, nowMs int64, charges []
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	// One run per Key: a run may only touch one slot.
 	for start := 0; start < len(idx); {
 		end := start + 1

@@ -20,17 +20,14 @@ var (
 
 // TakeAt is Take that also returns the instant the script decided at (the
 // server's clock, TIME, when now is the zero time), which Refund needs.
-// When it returns before the script answered, the instant is the zero time.
+// With an error, the instant means nothing.
 func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, time.Time, error) {
 	if !s.detach {
 		allowed, ms, err := s.take(ctx, now, charges, out)
 		return allowed, time.UnixMilli(ms), err
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if ctx.Done() == nil { // no deadline to keep
 		allowed, ms, err := s.take(ctx, now, charges, out)
 		return allowed, time.UnixMilli(ms), err
@@ -70,11 +67,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charge) error {
 	for i := range charges {
 		c := &charges[i]
-		if err := c.Limit.Validate(); err != nil {
-			return fmt.Errorf("redisstore: charge %d: %w", i, err)
-		}
-		if c.Cost < 0 {
-			return fmt.Errorf("redisstore: charge %d: negative cost %d", i, c.Cost)
+		if err := checkCharge(i, c); err != nil {
+			return err
 		}
 		if !window.Refundable(c.Limit) {
 			return fmt.Errorf("redisstore: charge %d (%q): a %s cannot be refunded", i, c.Name, c.Limit.Algorithm)
@@ -84,11 +78,8 @@ func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charg
 	if at.IsZero() || nowMs < 0 || nowMs > maxNow {
 		return fmt.Errorf("redisstore: refund at %s: want the instant TakeAt returned", at)
 	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	var errs []error
 	for start := 0; start < len(charges); {
 		end := start + 1
