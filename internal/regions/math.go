@@ -7,7 +7,9 @@
 // # The count of a window
 //
 // A global limit's windows are aligned to the Unix epoch (Start): regions
-// cannot agree on a per-client anchor without a round trip. The count of
+// cannot agree on a per-client anchor without a round trip. The clock of
+// the region's Redis (TIME) picks the window, so that the app servers of
+// a region agree whatever their own clocks. The count of
 // one window is a G-counter: one field per region in a Redis hash, each
 // region writes only its own field, and a merge keeps the largest value
 // per field (Merge, merge.lua), so that repeated and reordered syncs are
@@ -30,9 +32,10 @@
 // time counts that peer, in every window, as at least its share L / N
 // (Share): during a long partition each region keeps to about its share,
 // and the regions together stay within about L. Within the hold time the
-// peer's last known count is used. When the link heals, the next sync
-// carries each region's counts of the windows still open, so the copies
-// converge within T + d.
+// peer's last known count is used. A peer whose last push failed is
+// pushed to at every tick: when the link heals, the next tick carries each
+// region's counts of the windows still open, so the copies converge
+// within a tick plus the new connection's handshake plus d.
 package regions
 
 import (
