@@ -92,3 +92,32 @@ func TestRegionStoreResetGlobalOnCluster(t *testing.T) {
 		t.Errorf("after the reset, %d admitted across regions, want 5", got)
 	}
 }
+
+// TestRegionStoreRedisClock: without a clock (RegionConfig.Now, WithClock)
+// a global rule is decided on the clock of the region's Redis, and its
+// headers come from that clock's window.
+func TestRegionStoreRedisClock(t *testing.T) {
+	t.Parallel()
+	srv, peer := redistest.Standalone(t), redistest.Standalone(t)
+	prefix := srv.Prefix(t)
+	s, err := NewRegionStore(RegionConfig{
+		Region: "us", Redis: srv.Client(t, nil), Peers: map[string]redis.UniversalClient{"eu": peer.Client(t, nil)},
+		Prefix: prefix + "rg:", Manual: true, RedisConfig: RedisConfig{Prefix: prefix},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	lim, err := NewRules([]Rule{{Name: "g", Key: fixedKey, Limits: []Limit{PerHour(3).FixedWindow()}, Scope: ScopeGlobal}}, WithStore(s), WithDenyCache(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	if got := admitN(t, lim, 4); got != 3 {
+		t.Errorf("%d admitted, want 3", got)
+	}
+	st, err := lim.Peek(context.Background(), "g", "client")
+	if err != nil || len(st) != 1 || st[0].Remaining != 0 || st[0].ResetAfter <= 0 || st[0].ResetAfter > time.Hour {
+		t.Errorf("Peek: %+v, %v; want nothing left, a reset within the hour", st, err)
+	}
+}
