@@ -359,7 +359,7 @@ func TestScenarios(t *testing.T) {
 				// and the one-way delay (docs/regions.md); plus scheduling
 				// delay on a loaded machine.
 				d := sim.Links[regiontest.USEast1][regiontest.APSoutheast1].Delay()
-				if lim := q.tick + 3*d + 75*time.Millisecond; res.converge < 0 || res.converge > lim {
+				if lim := q.tick + 3*d + 100*time.Millisecond; res.converge < 0 || res.converge > lim {
 					t.Errorf("converged %v after healing, want within %v", res.converge, lim)
 				}
 			default:
