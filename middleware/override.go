@@ -82,7 +82,11 @@ type clientState struct {
 	loaded  atomic.Bool
 	// gen counts the changes this Limiter made to its overrides, so that
 	// a reload read before one does not undo it.
-	gen      atomic.Int64
+	gen atomic.Int64
+	// reportMu makes reports to observers one at a time, each counting
+	// what is in force when it is made, so that a report that started
+	// before a change cannot be told after the change's own.
+	reportMu sync.Mutex
 	stopOnce sync.Once
 	stop     chan struct{}
 	done     chan struct{}
@@ -475,7 +479,8 @@ func (l *Limiter) reportClientState() {
 	if !l.wantsClientState() {
 		return
 	}
-	overrides := len(l.Overrides())
+	l.clients.reportMu.Lock()
+	defer l.clients.reportMu.Unlock()
 	var bans int
 	if sh := l.clients.shared; sh != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -488,7 +493,7 @@ func (l *Limiter) reportClientState() {
 	} else {
 		bans = len(l.clients.bans.list(l.localNow(l.clock()).UnixMilli()))
 	}
-	l.cfg.obs.ClientState(overrides, bans)
+	l.cfg.obs.ClientState(len(l.Overrides()), bans)
 }
 
 // limitJSON is a Limit as overrides are kept in a shared store.
