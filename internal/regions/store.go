@@ -199,9 +199,6 @@ func New(cfg Config, now int64) (*Store, error) {
 	return s, nil
 }
 
-// Regions is how many regions share the limits, this one included.
-func (s *Store) Regions() int { return s.n }
-
 // key names a counter window: one hash slot per counter (Redis Cluster).
 func key(counter string, start int64) string {
 	return base(counter) + strconv.FormatInt(start, 10)
@@ -586,13 +583,6 @@ func (s *Store) push(ctx context.Context, now int64, p string, due []string, own
 
 func isNoScript(err error) bool {
 	return err != nil && len(err.Error()) >= 8 && err.Error()[:8] == "NOSCRIPT"
-}
-
-// Stale returns the peers counted as their share.
-func (s *Store) Stale() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.stale...)
 }
 
 // Run starts the syncer: Sync every tick, with now from clock (Unix ms),
