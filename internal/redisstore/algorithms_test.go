@@ -679,9 +679,28 @@ func must(v string, ok bool) string {
 	return v
 }
 
+// prunes reports whether decide.lua samples the bucket for expired
+// counters when it adds the counter of field at nowMs (see prune there).
+func prunes(field []byte, nowMs int64) bool {
+	return (int64(field[fieldLen-1])+nowMs)%4 == 0
+}
+
+// newCounter returns a sliding-window charge of key, named "new" and a
+// number, whose counter added at now samples the bucket if sample is set,
+// and does not otherwise.
+func newCounter(key string, now time.Time, sample bool) window.Charge {
+	for i := 0; ; i++ {
+		c := xc(key, "new"+strconv.Itoa(i), swl(10, time.Minute), 1)
+		if prunes(appendField(nil, &c), window.Millis(now)) == sample {
+			return c
+		}
+	}
+}
+
 // TestSweepAlgorithms shows that adding a counter to a bucket drops the
 // expired counters of every algorithm that it samples, and keeps live
-// ones and values of unknown form.
+// ones and values of unknown form; a new counter that does not sample
+// the bucket (three in four) leaves them.
 func TestSweepAlgorithms(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
@@ -713,7 +732,11 @@ func TestSweepAlgorithms(t *testing.T) {
 			if !expired {
 				now = now.Add(-time.Millisecond)
 			}
-			take(t, s, now, xc(key, "new", swl(10, m), 1))
+			take(t, s, now, newCounter(key, now, false))
+			if _, ok := rawCounter(t, s, c, old); !ok {
+				t.Errorf("%s: the counter was dropped by a new counter that does not sample", key)
+			}
+			take(t, s, now, newCounter(key, now, true))
 			if _, ok := rawCounter(t, s, c, old); ok == expired {
 				t.Errorf("%s: the counter exists %v at %s, %s after its write", key, ok, now.Sub(T), time.Duration(exp-window.Millis(T))*time.Millisecond)
 			}
@@ -724,7 +747,7 @@ func TestSweepAlgorithms(t *testing.T) {
 	if err := c.HSet(ctx, bucket, "garbage-field", "L12 x").Err(); err != nil {
 		t.Fatal(err)
 	}
-	take(t, s, T.Add(100*24*time.Hour), xc("garbage", "new", swl(10, m), 1))
+	take(t, s, T.Add(100*24*time.Hour), newCounter("garbage", T.Add(100*24*time.Hour), true))
 	if !c.HExists(ctx, bucket, "garbage-field").Val() {
 		t.Error("a value of no known form was dropped")
 	}

@@ -348,22 +348,27 @@ func BenchmarkScript(b *testing.B) {
 	type tc struct {
 		name  string
 		limit window.Limit
-		full  int // entries a log is held at, 0 for Redis's clock
+		full  int  // entries a log is held at, 0 for Redis's clock
+		cold  bool // every decision for a counter that does not exist yet
 	}
 	cases := []tc{
-		{"sliding_window", window.Limit{Requests: big, Window: m}, 0},
-		{"fixed_window", window.Limit{Requests: big, Window: m, Algorithm: window.FixedWindow}, 0},
-		{"fixed_window/calendar_day", window.Limit{Requests: big, Algorithm: window.FixedWindow, Period: window.CalendarDay, Location: nyc}, 0},
+		{"sliding_window", window.Limit{Requests: big, Window: m}, 0, false},
+		{"sliding_window/cold", window.Limit{Requests: big, Window: m}, 0, true},
+		{"fixed_window", window.Limit{Requests: big, Window: m, Algorithm: window.FixedWindow}, 0, false},
+		{"fixed_window/calendar_day", window.Limit{Requests: big, Algorithm: window.FixedWindow, Period: window.CalendarDay, Location: nyc}, 0, false},
 		// Buckets that refill (drain) slowly, as in BenchmarkAlgorithms.
-		{"token_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.TokenBucket, Burst: big}, 0},
-		{"leaky_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.LeakyBucket, Burst: big}, 0},
+		{"token_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.TokenBucket, Burst: big}, 0, false},
+		{"leaky_bucket", window.Limit{Requests: 10, Window: m, Algorithm: window.LeakyBucket, Burst: big}, 0, false},
 	}
 	for _, n := range []int{1, 10, 100, 1000} {
-		cases = append(cases, tc{"sliding_log/full-" + strconv.Itoa(n), window.Limit{Requests: n, Window: time.Duration(n) * time.Millisecond, Algorithm: window.SlidingLog}, n})
+		cases = append(cases, tc{"sliding_log/full-" + strconv.Itoa(n), window.Limit{Requests: n, Window: time.Duration(n) * time.Millisecond, Algorithm: window.SlidingLog}, n, false})
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			keys0 := keys
+			if tc.cold {
+				keys0 = 100_000
+			}
 			if tc.full > 1 {
 				keys0 = 100_000 / tc.full // a million entries to fill at most
 			}
@@ -374,9 +379,14 @@ func BenchmarkScript(b *testing.B) {
 			}
 			base := window.Millis(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			clock := make([]int64, keys0)
+			// fresh names the counters of a cold case, one per decision:
+			// clients that were never seen, in buckets of which about a
+			// third exist, as after 100,000 clients on the 262,144 buckets.
+			fresh := 0
 			// send sends n decisions from the from-th on, per to a script
 			// run (as the Pipeliner merges the calls of a batch), 100 runs
 			// to a pipeline.
+			warm := false
 			send := func(from, n, per int) {
 				p := c.Pipeline()
 				for i := from; i < from+n; {
@@ -391,9 +401,15 @@ func BenchmarkScript(b *testing.B) {
 							nowMs = base + clock[k]
 						}
 						ch := window.Charge{Limit: tc.limit, Cost: 1}
-						keys = append(keys, ks[k])
+						key, field := ks[k], fs[k]
+						if tc.cold && warm {
+							fresh++
+							nc := window.Charge{Key: "new:" + strconv.Itoa(fresh), Name: tc.name, Limit: tc.limit}
+							key, field = string(s.appendKey(nil, nc.Key)), appendField(nil, &nc)
+						}
+						keys = append(keys, key)
 						head = redispipe.AppendHeader(head, 1, 1)
-						rest = append(rest, string(appendCharge(appendRequest(nil, nowMs, true), fs[k], &ch, -1)))
+						rest = append(rest, string(appendCharge(appendRequest(nil, nowMs, true), field, &ch, -1)))
 					}
 					args := []any{len(rest), string(head)}
 					script.EvalSha(ctx, p, keys, append(args, rest...)...)
@@ -406,6 +422,7 @@ func BenchmarkScript(b *testing.B) {
 			for i := 0; i < keys0*max(tc.full, 1); i += 100 {
 				send(i, 100, 1)
 			}
+			warm = true
 			for _, per := range []int{1, 16} {
 				b.Run("per-run-"+strconv.Itoa(per), func(b *testing.B) {
 					defer scriptCPU(b, c)()

@@ -66,8 +66,9 @@
 -- windows after the start of its current one for a sliding window, the
 -- instant stored first for the others. A field past that is treated as
 -- absent (for a token bucket whose refill was lowered since, that is
--- sooner than the level would say), and up to two such fields of other
--- counters are dropped each time a new field is added to the bucket. A
+-- sooner than the level would say), and when a new field is added to the
+-- bucket, such fields of other counters are dropped from a sample of it
+-- (see prune) that holds two fields per new field on average. A
 -- bucket's expiry is extended (PEXPIRE GT, never shortened) to the expiry
 -- of every counter written, so that it outlives them all.
 --
@@ -104,46 +105,6 @@ local floor, min, max = math.floor, math.min, math.max
 -- now is the instant the request being decided is decided at; clock is
 -- the server's (TIME), read once per run, when a request first needs it.
 local now, clock
--- Tables that every request of the general path reuses, since requests
--- are decided one at a time: st (see below), and total and link of a
--- request with one charge; made on first use.
-local stShared, total1, noLink
-
--- The counter last read or written in this run (bucket lkey, field lfield,
--- value lval, false if none), so that requests in a row for one counter
--- cost one HGET and one HSET: its write waits (ldirty) until the run
--- reads another counter or ends, with the TTL its bucket is to be
--- extended to then (lttl, 0 for none). Scalars, not a table of counters:
--- making and filling tables on every run costs more than it saves when
--- requests are for different counters.
-local lkey, lfield, lval, ldirty, lttl = false, false, false, false, 0
--- The buckets sampled for expired counters in this run, and those of them
--- that did not exist (fresh); made when a request adds a counter. Expiries
--- are only ever extended, so that a bucket outlives all its counters;
--- every bucket has one from its first write on: one that did not exist
--- gets a plain PEXPIRE, since GT leaves a key without a TTL alone.
-local sampled, fresh
-
--- extend makes bucket key live at least ttl ms more (see fresh).
-local function extend(key, ttl)
-  if fresh and fresh[key] then
-    redis.call('PEXPIRE', key, ttl)
-    fresh[key] = false
-  else
-    redis.call('PEXPIRE', key, ttl, 'GT')
-  end
-end
-
--- flush writes the last counter, if its write waits.
-local function flush()
-  if ldirty then
-    redis.call('HSET', lkey, lfield, lval)
-    if lttl > 0 then
-      extend(lkey, lttl)
-    end
-    ldirty = false
-  end
-end
 -- slidingFits is window.Roll and window.Fits for a sliding window of w ms
 -- counted in ticks of r ms: the counter (start s, counts p and c; all 0
 -- for none) rolled to now, and whether cost more fits under limit. It
@@ -176,6 +137,129 @@ local function slidingFits(s, p, c, limit, w, r, cost)
     s, p, c
 end
 
+-- The counter last read or written in this run (bucket lkey, field lfield,
+-- value lval, false if none), so that requests in a row for one counter
+-- cost one HGET and one HSET: its write waits (ldirty) until the run
+-- reads another counter or ends, with the TTL its bucket is to be
+-- extended to then (lttl, 0 for none). Scalars, not a table of counters:
+-- making and filling tables on every run costs more than it saves when
+-- requests are for different counters.
+local lkey, lfield, lval, ldirty, lttl = false, false, false, false, 0
+
+-- One call of one sliding-window charge of a counter that exists, the
+-- commonest call when decisions come one at a time, is decided here,
+-- before the helpers of the general path below are made, which would cost
+-- it a third of its time; the general path decides it alike (see the
+-- fast path of the loop, which this repeats for a run of one call).
+if ARGV[1] == '1' and #KEYS == 1 then
+  local req = ARGV[3]
+  if #req == 54 then
+    local at0, mode, field, code, limit, w, r, cost = unpack('<i8Bc12c1i8i8i8i8', req)
+    if code == '0' then
+      local key = KEYS[1]
+      local v = redis.call('HGET', key, field)
+      if v and #v == 32 then
+        if at0 < 0 then
+          local t = redis.call('TIME')
+          local us = t[2] + 0
+          now = t[1] * 1000 + (us - us % 1000) / 1000
+        else
+          now = at0
+        end
+        local s0, p0, c0 = unpack('<ddd', v)
+        local ok, s, p, c = slidingFits(s0, p0, c0, limit, w, r, cost)
+        if ok and mode == 1 and cost > 0 then
+          redis.call('HSET', key, field, pack('<dddd', s, p, c + cost, w))
+          if s ~= s0 then
+            local ttl = s + 2 * w - now
+            redis.call('PEXPIRE', key, ttl < 1 and 1 or ttl, 'GT')
+          end
+        end
+        local b = ok and 1 or 0
+        return pack('<i8i8i8i8i8i8i8i8i8', b, now, b, s, p, c, s0, p0, c0)
+      end
+      -- The general path goes on from the counter read.
+      lkey, lfield, lval = key, field, v
+    end
+  end
+end
+-- Tables that every request of the general path reuses, since requests
+-- are decided one at a time: st (see below), and total and link of a
+-- request with one charge; made on first use.
+local stShared, total1, noLink
+
+-- The buckets sampled for expired counters in this run, and those of them
+-- that did not exist (fresh); made when a request adds a counter. Expiries
+-- are only ever extended, so that a bucket outlives all its counters;
+-- every bucket has one from its first write on: one known not to have
+-- existed gets a plain PEXPIRE, since GT leaves a key without a TTL alone,
+-- and one not known to have existed gets NX when GT changed nothing.
+local sampled, fresh
+
+-- extend makes bucket key live at least ttl ms more (see fresh).
+local function extend(key, ttl)
+  if fresh and fresh[key] then
+    redis.call('PEXPIRE', key, ttl)
+    fresh[key] = false
+  elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and not (fresh and fresh[key] == false) then
+    redis.call('PEXPIRE', key, ttl, 'NX')
+  end
+end
+
+-- flush writes the last counter, if its write waits.
+local function flush()
+  if ldirty then
+    redis.call('HSET', lkey, lfield, lval)
+    if lttl > 0 then
+      extend(lkey, lttl)
+    end
+    ldirty = false
+  end
+end
+
+-- expired(sv) reports whether the value sv of a field of any algorithm
+-- has stopped mattering at now; values of no known form are kept.
+local function expired(sv)
+  local len = #sv
+  if len == 32 then
+    local ss, _, _, sw = unpack('<dddd', sv)
+    return ss + 2 * sw <= now
+  end
+  local tag = byte(sv, 1)
+  if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
+    (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
+    return unpack('<i6', sv, 2) <= now
+  end
+  return false
+end
+
+-- prune is called before field, a new counter, is added to bucket key at
+-- now. For one new counter in four, those whose last byte plus now is a
+-- multiple of 4 (the field is a hash, now moves on every millisecond), it
+-- samples up to 8 counters of the bucket and drops those of other clients
+-- that have expired: as many, on average, as sampling 2 for every new
+-- counter would, for a quarter of the commands. A bucket is sampled at
+-- most once per run; an empty sample means a new bucket.
+local function prune(key, field)
+  if (byte(field, 12) + now) % 4 ~= 0 or (sampled and sampled[key]) then
+    return
+  end
+  if not sampled then
+    sampled, fresh = {}, {}
+  end
+  sampled[key] = true
+  local sample = redis.call('HRANDFIELD', key, 8, 'WITHVALUES')
+  fresh[key] = #sample == 0
+  for j = 1, #sample, 2 do
+    local f = sample[j]
+    if f ~= field and expired(sample[j + 1]) then
+      redis.call('HDEL', key, f)
+      if lkey == key and lfield == f and not ldirty then
+        lval = false
+      end
+    end
+  end
+end
 -- Helpers, made on first use: making these closures on every run would
 -- cost the sliding-window path a tenth of its time.
 --   rollToken(s, r0, level, rate, burst, win, r, w) is window.Limit.Roll
@@ -186,9 +270,7 @@ end
 --   leaving(v, first, need) is the instant of the entry of log v (entries
 --     from byte first on) whose leaving frees need units, or -1 if none
 --     does.
---   expired(sv) reports whether the value sv of a field of any algorithm
---     has stopped mattering at now; values of no known form are kept.
-local rollToken, leaving, expired
+local rollToken, leaving
 
 -- The batch protocol of redispipe.NewBatchScript: ARGV[1] requests, the
 -- numbers of keys and arguments of each, then their arguments in turn.
@@ -239,15 +321,21 @@ for q = 1, calls do
       flush()
       lkey, lfield, lval, ldirty, lttl = key, field, redis.call('HGET', key, field), false, 0
     end
-    fast = lval and #lval == 32
+    fast = not lval or #lval == 32
   end
   if fast then
-    -- Decided by slidingFits as in the general path; the write waits in
-    -- the last-counter scalars.
+    -- Decided by slidingFits as in the general path, a new counter too
+    -- (stored start -1); the write waits in the last-counter scalars.
     local w, cost = w1, cost1
-    local s0, p0, c0 = unpack('<ddd', lval)
+    local s0, p0, c0 = -1, 0, 0
+    if lval then
+      s0, p0, c0 = unpack('<ddd', lval)
+    end
     local ok, s, p, c = slidingFits(s0, p0, c0, limit1, w, r1, cost)
     if ok and charge and cost > 0 then
+      if s0 < 0 then
+        prune(lkey, lfield)
+      end
       lval, ldirty = pack('<dddd', s, p, c + cost, w), true
       if s ~= s0 then
         local ttl = s + 2 * w - now
@@ -498,39 +586,8 @@ for q = 1, calls do
         local tot = total[i]
         if tot and tot > 0 then
           local key, field, code = KEYS[kb + i], x[9], x[10]
-          if x[11] and not (sampled and sampled[key]) then
-            -- A new counter: drop up to two expired counters of other clients.
-            -- An empty sample means a new bucket.
-            if not sampled then
-              sampled, fresh = {}, {}
-            end
-            sampled[key] = true
-            if not expired then
-              expired = function(sv)
-                local len = #sv
-                if len == 32 then
-                  local ss, _, _, sw = unpack('<dddd', sv)
-                  return ss + 2 * sw <= now
-                end
-                local tag = byte(sv, 1)
-                if (len == 21 and tag == 70) or (len == 27 and tag == 84) or
-                  (len >= 21 and (len - 11) % 10 == 0 and tag == 76) then
-                  return unpack('<i6', sv, 2) <= now
-                end
-                return false
-              end
-            end
-            local sample = redis.call('HRANDFIELD', key, 2, 'WITHVALUES')
-            fresh[key] = #sample == 0
-            for j = 1, #sample, 2 do
-              local f = sample[j]
-              if f ~= field and expired(sample[j + 1]) then
-                redis.call('HDEL', key, f)
-                if lkey == key and lfield == f and not ldirty then
-                  lval = false
-                end
-              end
-            end
+          if x[11] then
+            prune(key, field)
           end
           -- exp: the counter's new expiry, if it may extend the bucket's.
           local value, exp

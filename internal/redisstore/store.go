@@ -99,9 +99,12 @@
 // window longer). A field that is past its own expiry is treated as absent
 // (as the memory store does: a token bucket whose refill was lowered since
 // it was charged is forgotten sooner than its level alone would say), and
-// up to two such fields are dropped whenever a new field is added to the
-// bucket, so a bucket that active clients keep alive does not accumulate
-// the counters of clients that went away.
+// when a new field is added to a bucket, the expired fields of a random
+// sample of it are dropped: 8 fields for one new field in four, two per
+// new field on average (a quarter of the commands of sampling two every
+// time), so a bucket that active clients keep alive does not accumulate
+// the counters of clients that went away (TestPruneBoundsBucket: a bucket
+// holds about twice its live counters).
 //
 // # Redis Cluster and Ring
 //

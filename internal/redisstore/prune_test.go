@@ -1,0 +1,70 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redispipe"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/window"
+)
+
+// TestPruneBoundsBucket adds a new client's counter to one bucket every
+// millisecond for 3 s, each charged once under a sliding window of 100 ms,
+// so that 200 counters are live at any time (a counter matters for two
+// windows) and 2,800 have expired by the end. The sampling of decide.lua
+// must keep the bucket near twice its live counters (it drops, on average,
+// as many expired counters per new one as it samples two), never drop a
+// live one, and keep the bucket's expiry.
+func TestPruneBoundsBucket(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	ctx := context.Background()
+	s := newTestStore(t, c, srv.Prefix(t))
+	bucket := string(s.appendKey(nil, "churn"))
+	const (
+		clients = 3000
+		live    = 200 // 2 windows of 100 ms, one new client per ms
+	)
+	field := func(i int) []byte {
+		sum := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))
+		return sum[:fieldLen]
+	}
+	limit := window.Limit{Requests: 10, Window: 100 * time.Millisecond}
+	base := window.Millis(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	head := string(redispipe.AppendHeader(nil, 1, 1))
+	if err := script.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for from := 0; from < clients; from += 100 {
+		p := c.Pipeline()
+		for i := from; i < from+100; i++ {
+			ch := window.Charge{Limit: limit, Cost: 1}
+			req := appendCharge(appendRequest(nil, base+int64(i), true), field(i), &ch, -1)
+			script.EvalSha(ctx, p, []string{bucket}, 1, head, string(req))
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := c.HLen(ctx, bucket).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d counters in the bucket after %d clients, %d of them live", n, clients, live)
+	if n > 3*live {
+		t.Errorf("%d counters in the bucket, want at most %d (3 × the %d live ones)", n, 3*live, live)
+	}
+	for i := clients - live; i < clients; i++ {
+		if ok, err := c.HExists(ctx, bucket, string(field(i))).Result(); err != nil || !ok {
+			t.Fatalf("live counter %d is gone (%v)", i, err)
+		}
+	}
+	if ttl := c.PTTL(ctx, bucket).Val(); ttl <= 0 {
+		t.Errorf("the bucket's TTL is %s", ttl)
+	}
+}
