@@ -72,6 +72,37 @@ type dest struct {
 	watch watch
 	// clone, if not nil, is the client of direct calls (see setClient).
 	clone atomic.Pointer[redis.Client]
+	// bound is the context of the direct calls through the clone (see
+	// directContext).
+	bound atomic.Pointer[boundContext]
+}
+
+// boundContext is a context, derived from the Pipeliner's, that ends at
+// deadline.
+type boundContext struct {
+	ctx      context.Context
+	cancel   context.CancelFunc // left to the deadline: calls may still use ctx
+	deadline time.Time
+}
+
+// directContext returns the context of a direct call through the clone,
+// which bounds go-redis's dials and waits for a connection (the clone's
+// timeouts bound its reads and writes), and its deadline: between
+// 9/10 of bound and bound after now. One context serves every call of a
+// tenth of bound, so that a call does not make a context and a timer of
+// its own, which costs one call at a time a few µs of its round trip
+// (go's timers wake the network poller). It is derived from the
+// Pipeliner's context, not the caller's: a caller that leaves during a
+// dial waits for it (at most bound); its call's reply is discarded as
+// usual.
+func (d *dest) directContext(now time.Time, bound time.Duration) (context.Context, time.Time) {
+	if b := d.bound.Load(); b != nil && b.deadline.Sub(now) >= bound-bound/10 && !b.deadline.After(now.Add(bound)) {
+		return b.ctx, b.deadline
+	}
+	b := &boundContext{deadline: now.Add(bound)}
+	b.ctx, b.cancel = context.WithDeadline(d.p.ctx, b.deadline)
+	d.bound.Store(b)
+	return b.ctx, b.deadline
 }
 
 // setClient makes c the client of the destination.
@@ -563,24 +594,24 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 	// room for it), and when the deadline is further away otherwise.
 	client, run := d.clone.Load(), ctx
 	bounded := client != nil
-	dl, ok := c.deadline, c.hasDeadline
 	if client != nil {
 		// The clone ends reads at directTimeout. A context deadline bounds
 		// go-redis's dials, which it tries five times, 100 ms apart, by
 		// default: without it a call to a server that refuses connections
 		// would wait 400 ms; with the caller's own, a dial slowed by a
 		// busy machine would fail the call.
-		dl, ok = time.Now().Add(max(d.p.directTimeout, directDialBound)), true
+		run, _ = d.directContext(time.Now(), max(d.p.directTimeout, directDialBound))
 	} else {
 		client = d.client.Load()
+		dl, ok := c.deadline, c.hasDeadline
 		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
 			dl, ok, bounded = time.Now().Add(t), true, true
 		}
-	}
-	if ok {
-		var cancel context.CancelFunc
-		run, cancel = context.WithDeadline(ctx, dl)
-		defer cancel()
+		if ok {
+			var cancel context.CancelFunc
+			run, cancel = context.WithDeadline(ctx, dl)
+			defer cancel()
+		}
 	}
 	if fn := d.p.cfg.OnBatch; fn != nil && !c.quiet {
 		fn(1)
