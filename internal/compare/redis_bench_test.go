@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,6 +113,8 @@ func BenchmarkRedisPaired(b *testing.B) {
 			var (
 				took   [2]time.Duration
 				made   [2]int64
+				srvCPU [2]float64 // redis-server's CPU time, s
+				ownCPU [2]float64 // this process's CPU time, s
 				lat    [2][]time.Duration
 				lo, hi = math.Inf(1), 0.0
 				off    int
@@ -130,9 +133,12 @@ func BenchmarkRedisPaired(b *testing.B) {
 						ks = coldKeys(per)
 						b.StartTimer()
 					}
+					cpu0, own0 := serverCPU(b, c), selfCPU(b)
 					start := time.Now()
 					l, errs, first := runDecisions(redisConcurrency, per, entries[k].impl, ks)
 					d := time.Since(start)
+					srvCPU[k] += serverCPU(b, c) - cpu0
+					ownCPU[k] += selfCPU(b) - own0
 					if errs > 0 {
 						b.Fatalf("%s: %d of %d decisions failed, first: %v", entries[k].name, errs, per, first)
 					}
@@ -151,6 +157,8 @@ func BenchmarkRedisPaired(b *testing.B) {
 				slices.Sort(lat[k])
 				b.ReportMetric(total[k], e.name+"-decisions/s")
 				b.ReportMetric(float64(lat[k][len(lat[k])*99/100])/float64(time.Microsecond), e.name+"-p99-µs")
+				b.ReportMetric(srvCPU[k]/float64(made[k])*1e6, e.name+"-server-cpu-µs")
+				b.ReportMetric(ownCPU[k]/float64(made[k])*1e6, e.name+"-client-cpu-µs")
 			}
 			b.ReportMetric(100*total[1]/total[0], "%-of-baseline")
 			b.ReportMetric(lo, "slice-%-min")
@@ -345,7 +353,7 @@ func measure(b *testing.B, c *redis.Client, conc int, impl redisImpl, keys []str
 		return impl.silentErrors()
 	}
 	silent0 := silent()
-	cpu0 := serverCPU(b, c)
+	cpu0, own0 := serverCPU(b, c), selfCPU(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
@@ -354,6 +362,7 @@ func measure(b *testing.B, c *redis.Client, conc int, impl redisImpl, keys []str
 	b.StopTimer()
 	errs += silent() - silent0
 	b.ReportMetric((serverCPU(b, c)-cpu0)/float64(b.N)*1e6, "server-cpu-µs")
+	b.ReportMetric((selfCPU(b)-own0)/float64(b.N)*1e6, "client-cpu-µs")
 
 	slices.Sort(lat)
 	pct := func(p float64) float64 {
@@ -413,6 +422,16 @@ func runDecisions(conc, n int, impl redisImpl, keys []string) (lat []time.Durati
 }
 
 // serverCPU returns the CPU time, user and system, in seconds, that the
+// selfCPU returns the CPU time, in seconds, that this process has used
+// (all its threads, user and system, from getrusage).
+func selfCPU(tb testing.TB) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
 // server of c has used (INFO cpu: used_cpu_user + used_cpu_sys).
 func serverCPU(tb testing.TB, c *redis.Client) float64 {
 	tb.Helper()
