@@ -549,44 +549,44 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 // must leave room for that twice (a write and a read), and without
 // directTimeout (stall detection off) only callers without a deadline
 // may call directly.
-func (d *dest) tryDirect(c *call) bool {
+func (d *dest) tryDirect(c *call) (time.Time, bool) {
 	p := d.p
 	if p.noDirect || p.send != nil {
-		return false
+		return time.Time{}, false
 	}
+	now := time.Now()
 	if c.hasDeadline && !d.client.Load().Options().ContextTimeoutEnabled {
-		if p.directTimeout <= 0 || time.Until(c.deadline) < 2*p.directTimeout {
-			return false
+		if p.directTimeout <= 0 || c.deadline.Sub(now) < 2*p.directTimeout {
+			return time.Time{}, false
 		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed || d.down || d.directs > 0 || len(d.queue) > 0 {
-		return false
+		return time.Time{}, false
 	}
 	for _, l := range d.lanes {
 		if l.busy {
-			return false
+			return time.Time{}, false
 		}
 	}
-	now := time.Now()
 	if now.Sub(d.lateAt) < lateFor || p.busy(now) {
 		// This process is short of CPU, or was late to read replies
 		// lately: a direct call that times out for that loses its reply,
 		// while a lane's batch waits for it as long as the server
 		// answers.
-		return false
+		return time.Time{}, false
 	}
 	d.directs++
 	d.lastUse = now
-	return true
+	return now, true
 }
 
-// runDirect sends c, for which tryDirect said yes, from the caller's
-// goroutine and returns its outcome. Calls that arrive meanwhile queue for
+// runDirect sends c, for which tryDirect said yes at start, from the
+// caller's goroutine and returns its outcome. Calls that arrive meanwhile queue for
 // the lanes. A connection error or a read that stalls marks the
 // destination down, as from a lane.
-func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
+func (d *dest) runDirect(ctx context.Context, c *call, start time.Time) (any, error) {
 	// A direct call ends within its caller's deadline, and within
 	// directTimeout, as a stalled batch would.
 	// bounded is set when the call ends at directTimeout rather than at
@@ -600,12 +600,12 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 		// default: without it a call to a server that refuses connections
 		// would wait 400 ms; with the caller's own, a dial slowed by a
 		// busy machine would fail the call.
-		run, _ = d.directContext(time.Now(), max(d.p.directTimeout, directDialBound))
+		run, _ = d.directContext(start, max(d.p.directTimeout, directDialBound))
 	} else {
 		client = d.client.Load()
 		dl, ok := c.deadline, c.hasDeadline
-		if t := d.p.directTimeout; t > 0 && (!ok || time.Until(dl) > t) {
-			dl, ok, bounded = time.Now().Add(t), true, true
+		if t := d.p.directTimeout; t > 0 && (!ok || dl.Sub(start) > t) {
+			dl, ok, bounded = start.Add(t), true, true
 		}
 		if ok {
 			var cancel context.CancelFunc
@@ -617,7 +617,6 @@ func (d *dest) runDirect(ctx context.Context, c *call) (any, error) {
 		fn(1)
 	}
 	c.setCmd(run)
-	start := time.Now()
 	err := client.Process(run, c.cmd)
 	end := time.Now()
 	var ne net.Error

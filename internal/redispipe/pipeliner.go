@@ -333,8 +333,8 @@ func (p *Pipeliner) run(ctx context.Context, deadline time.Time, quiet bool, scr
 	if p.kind == kindCluster {
 		c.slot = Slot(keys[0])
 	}
-	if d.tryDirect(c) {
-		return d.runDirect(ctx, c)
+	if start, ok := d.tryDirect(c); ok {
+		return d.runDirect(ctx, c, start)
 	}
 	if err := d.enqueue(c); err != nil {
 		c.release()
