@@ -311,9 +311,9 @@ for q = 1, calls do
   local charge = mode == 1
 
   -- The commonest request, one sliding-window charge of a counter that
-  -- exists, is decided here with scalars; the general path below decides
-  -- every other request (and would decide this one alike: a counter is
-  -- read once, whichever path decides it).
+  -- exists or of a new one, is decided here with scalars; the general
+  -- path below decides every other request (and would decide this one
+  -- alike: a counter is read once, whichever path decides it).
   local fast = false
   if code1 == '0' then
     local key, field = KEYS[kb + 1], field1
