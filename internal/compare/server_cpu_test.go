@@ -23,6 +23,7 @@ import (
 	"github.com/ulule/limiter/v3/drivers/middleware/stdlib"
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 
+	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
@@ -64,6 +65,30 @@ var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Hand
 	},
 }
 
+// styleServed are sluice's net/http middleware over its memory store with
+// each header style other than the default (five fields), so that
+// BenchmarkServerCPU shows what the fields cost: "legacy" sends the three
+// X-RateLimit-* fields the other limiters send, "draft" RateLimit and
+// RateLimit-Policy, "none" none.
+var styleServed = map[string]func(tb testing.TB, next http.Handler) http.Handler{
+	"sluice-legacy": sluiceStyle(headers.Legacy),
+	"sluice-draft":  sluiceStyle(headers.Draft),
+	"sluice-none":   sluiceStyle(headers.None),
+}
+
+// sluiceStyle returns sluice's middleware over its memory store, sending
+// the fields of style.
+func sluiceStyle(style headers.Style) func(tb testing.TB, next http.Handler) http.Handler {
+	return func(tb testing.TB, next http.Handler) http.Handler {
+		lim, err := middleware.New(middleware.PerMinute(bigLimit), keyfunc.RemoteIP(), middleware.WithHeaderStyle(style))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = lim.Close() })
+		return lim.Handler(next)
+	}
+}
+
 // serverConns is the number of keep-alive connections of
 // BenchmarkServerCPU.
 const serverConns = 32
@@ -74,7 +99,9 @@ const serverConns = 32
 // server is this test binary run again as a process of its own, a real
 // net/http server on loopback, and the figure is the CPU time of that
 // process (all its threads, user and system, from getrusage) per request,
-// beside the bare handler's ("baseline") in the same run:
+// beside the bare handler's ("baseline") in the same run, and sluice's
+// with each of its other header styles ("sluice-legacy", "sluice-draft",
+// "sluice-none"; see styleServed):
 //
 //	go test -run '^$' -bench BenchmarkServerCPU -benchtime 40000x -count 5
 //
@@ -84,14 +111,22 @@ const serverConns = 32
 // is a 200. The client's own work (parsing each response's header fields)
 // is not in the figure.
 //
-// Metrics: server-cpu-µs/req, and +µs/req over the baseline measured just
-// before. With SLUICE_COMPARE_SERVE_PROFILE=DIR, each server writes its
-// CPU profile to DIR/<case>.pprof (go tool pprof -top).
+// Each limiter's case runs a bare server beside the limiter's and sends
+// b.N requests to each in 10 alternating slices, so that both see the
+// same moments of a machine whose speed drifts within seconds (measured
+// one after the other, two runs of the bare server differed by up to
+// 3 µs per request).
+//
+// Metrics: server-cpu-µs/req; for a limiter also baseline-cpu-µs/req, the
+// bare server's in the same slices, and +µs/req, the difference. With
+// SLUICE_COMPARE_SERVE_PROFILE=DIR, each server writes its CPU profile to
+// DIR/<case>.pprof (go tool pprof -top).
 func BenchmarkServerCPU(b *testing.B) {
 	names := []string{"baseline"}
 	for _, l := range httpLimiters {
 		names = append(names, l.name)
 	}
+	names = append(names, "sluice-legacy", "sluice-draft", "sluice-none")
 	serveCPUCases(b, names, "")
 }
 
@@ -110,25 +145,79 @@ func BenchmarkServerCPURedis(b *testing.B) {
 // with the Redis server at redisAddr, if any.
 func serveCPUCases(b *testing.B, names []string, redisAddr string) {
 	for _, clients := range []string{"one-address", "32-addresses"} {
-		var baseline float64
 		for _, name := range names {
 			b.Run(clients+"/"+name, func(b *testing.B) {
-				perReq := serveAndMeasure(b, name, clients, clients == "32-addresses", redisAddr)
-				b.ReportMetric(perReq, "server-cpu-µs/req")
+				distinct := clients == "32-addresses"
 				if name == "baseline" {
-					baseline = perReq
-				} else if baseline > 0 {
-					b.ReportMetric(perReq-baseline, "+µs/req")
+					b.ReportMetric(serveAndMeasure(b, distinct, redisAddr, clients, name)[0], "server-cpu-µs/req")
+					return
 				}
+				// The limiter's server and a bare one, measured in
+				// alternating slices, so that both see the same moments of
+				// a machine whose speed drifts within seconds.
+				per := serveAndMeasure(b, distinct, redisAddr, clients, name, "baseline")
+				b.ReportMetric(per[0], "server-cpu-µs/req")
+				b.ReportMetric(per[1], "baseline-cpu-µs/req")
+				b.ReportMetric(per[0]-per[1], "+µs/req")
 			})
 		}
 	}
 }
 
-// serveAndMeasure starts a server process behind the limiter name, sends
-// it b.N requests over serverConns connections and returns its CPU time
+// serveSlices is the number of alternating slices of a paired
+// measurement.
+const serveSlices = 10
+
+// serveAndMeasure starts a server process behind each limiter of names
+// ("baseline" for none), sends b.N requests to each over serverConns
+// connections, in serveSlices slices that alternate between the servers
+// (the order turning at every slice), and returns each server's CPU time
 // per request, in microseconds.
-func serveAndMeasure(b *testing.B, name, label string, distinct bool, redisAddr string) float64 {
+func serveAndMeasure(b *testing.B, distinct bool, redisAddr, label string, names ...string) []float64 {
+	servers := make([]*cpuServer, len(names))
+	for k, name := range names {
+		servers[k] = startCPUServer(b, name, label, distinct, redisAddr)
+		defer servers[k].close()
+	}
+	for _, s := range servers {
+		s.send(b, 2000) // connections open, counters exist, code paths warm
+	}
+	cpu := make([]time.Duration, len(servers))
+	made := make([]int, len(servers))
+	b.ResetTimer()
+	for sl := range serveSlices {
+		n := b.N / serveSlices
+		if sl == serveSlices-1 {
+			n = b.N - made[0]
+		}
+		for j := range servers {
+			s := servers[(j+sl)%len(servers)]
+			k := (j + sl) % len(servers)
+			cpu0 := s.cpuNow(b)
+			s.send(b, n)
+			cpu[k] += s.cpuNow(b) - cpu0
+			made[k] += n
+		}
+	}
+	b.StopTimer()
+	per := make([]float64, len(servers))
+	for k := range servers {
+		per[k] = float64(cpu[k]) / float64(time.Microsecond) / float64(made[k])
+	}
+	return per
+}
+
+// cpuServer is a server process of BenchmarkServerCPU and its clients.
+type cpuServer struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	out     *bufio.Reader
+	url     string
+	clients []*http.Client
+}
+
+// startCPUServer starts the server process behind the limiter name.
+func startCPUServer(b *testing.B, name, label string, distinct bool, redisAddr string) *cpuServer {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServeForCPU$", "-test.count=1")
 	cmd.Env = append(os.Environ(), serveEnv+"="+name, serveRedisEnv+"="+redisAddr)
 	if dir := os.Getenv(profileEnv); dir != "" {
@@ -148,86 +237,87 @@ func serveAndMeasure(b *testing.B, name, label string, distinct bool, redisAddr 
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	}()
-	out := bufio.NewReader(stdout)
-	line, err := out.ReadString('\n')
+	s := &cpuServer{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	line, err := s.out.ReadString('\n')
 	if err != nil {
+		s.close()
 		b.Fatalf("server: %v", err)
-	}
-	// cpuNow asks the server for its CPU time so far (getrusage, in
-	// microseconds), which /proc gives only in ticks of 10 ms.
-	cpuNow := func() time.Duration {
-		if _, err := io.WriteString(stdin, "cpu\n"); err != nil {
-			b.Fatal(err)
-		}
-		l, err := out.ReadString('\n')
-		if err != nil {
-			b.Fatalf("server: %v", err)
-		}
-		ns, err := strconv.ParseInt(strings.TrimSpace(l), 10, 64)
-		if err != nil {
-			b.Fatalf("server said %q", l)
-		}
-		return time.Duration(ns)
 	}
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
 	if !ok {
+		s.close()
 		b.Fatalf("server said %q", line)
 	}
-
-	clients := make([]*http.Client, serverConns)
-	for i := range clients {
+	s.url = "http://" + addr + "/"
+	s.clients = make([]*http.Client, serverConns)
+	for i := range s.clients {
 		d := &net.Dialer{}
 		if distinct {
 			d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}
 		}
-		clients[i] = &http.Client{Transport: &http.Transport{
+		s.clients[i] = &http.Client{Transport: &http.Transport{
 			DialContext:         d.DialContext,
 			MaxIdleConnsPerHost: 1,
 			MaxConnsPerHost:     1,
 			DisableCompression:  true,
 		}}
 	}
-	url := "http://" + addr + "/"
-	send := func(n int) {
-		var next, bad atomic.Int64
-		var wg sync.WaitGroup
-		for _, c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(n) {
-					res, err := c.Get(url)
-					if err != nil {
-						bad.Add(1)
-						continue
-					}
-					_, _ = io.Copy(io.Discard, res.Body)
-					res.Body.Close()
-					if res.StatusCode != http.StatusOK {
-						bad.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if k := bad.Load(); k > 0 {
-			b.Fatalf("%d of %d requests failed or were not 200", k, n)
-		}
+	return s
+}
+
+// cpuNow asks the server for its CPU time so far (getrusage, in
+// microseconds), which /proc gives only in ticks of 10 ms.
+func (s *cpuServer) cpuNow(b *testing.B) time.Duration {
+	if _, err := io.WriteString(s.stdin, "cpu\n"); err != nil {
+		b.Fatal(err)
 	}
-	send(2000) // connections open, counters exist, code paths warm
-	cpu0 := cpuNow()
-	b.ResetTimer()
-	send(b.N)
-	b.StopTimer()
-	cpu := cpuNow() - cpu0
-	for _, c := range clients {
+	l, err := s.out.ReadString('\n')
+	if err != nil {
+		b.Fatalf("server: %v", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(l), 10, 64)
+	if err != nil {
+		b.Fatalf("server said %q", l)
+	}
+	return time.Duration(ns)
+}
+
+// send makes n requests over the server's connections, and fails b if any
+// fails or is not answered 200.
+func (s *cpuServer) send(b *testing.B, n int) {
+	var next, bad atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range s.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				res, err := c.Get(s.url)
+				if err != nil {
+					bad.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode != http.StatusOK {
+					bad.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if k := bad.Load(); k > 0 {
+		b.Fatalf("%d of %d requests failed or were not 200", k, n)
+	}
+}
+
+// close closes the server's connections, then its stdin, which stops it.
+func (s *cpuServer) close() {
+	for _, c := range s.clients {
 		c.CloseIdleConnections()
 	}
-	return float64(cpu) / float64(time.Microsecond) / float64(b.N)
+	s.stdin.Close()
+	_ = s.cmd.Wait()
 }
 
 // TestServeForCPU is the server process of BenchmarkServerCPU: run with
@@ -244,6 +334,8 @@ func TestServeForCPU(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: os.Getenv(serveRedisEnv)})
 		t.Cleanup(func() { c.Close() })
 		h = wrap(t, c, bare)
+	} else if wrap, ok := styleServed[name]; ok {
+		h = wrap(t, bare)
 	} else if name != "baseline" {
 		found := false
 		for _, l := range httpLimiters {
