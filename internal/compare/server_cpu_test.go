@@ -56,6 +56,8 @@ var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Hand
 		tb.Cleanup(func() { _ = lim.Close() })
 		return lim.Handler(next)
 	},
+	"sluice-redis-lease":      sluiceRedisSync(middleware.SyncLease),
+	"sluice-redis-write-back": sluiceRedisSync(middleware.SyncWriteBack),
 	"ulule-redis": func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
 		st, err := ululeredis.NewStoreWithOptions(c, limiter.StoreOptions{Prefix: "ulule-cpu"})
 		if err != nil {
@@ -63,6 +65,27 @@ var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Hand
 		}
 		return stdlib.NewMiddleware(limiter.New(st, limiter.Rate{Period: time.Minute, Limit: bigLimit})).Handler(next)
 	},
+}
+
+// sluiceRedisSync returns sluice's middleware on Redis in the fleet mode
+// sync, with the mode's default lease, interval and unsynced bound.
+func sluiceRedisSync(sync middleware.SyncMode) func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
+	return func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
+		st, err := middleware.NewRedisStore(c, middleware.RedisConfig{Prefix: "sluice-cpu-" + sync.String() + ":"})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = st.Close() })
+		lim, err := middleware.NewRules([]middleware.Rule{{
+			Name: middleware.DefaultRuleName, Key: keyfunc.RemoteIP(),
+			Limits: []middleware.Limit{middleware.PerMinute(bigLimit)}, Sync: sync,
+		}}, middleware.WithStore(st))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = lim.Close() })
+		return lim.Handler(next)
+	}
 }
 
 // styleServed are sluice's net/http middleware over its memory store with
@@ -131,14 +154,15 @@ func BenchmarkServerCPU(b *testing.B) {
 }
 
 // BenchmarkServerCPURedis is BenchmarkServerCPU for the limiters whose
-// net/http middleware runs on Redis, sluice (exact mode) and ulule, each
+// net/http middleware runs on Redis, sluice (exact mode, and the fleet
+// modes lease and write-back with their defaults) and ulule, each
 // with a go-redis client of default options of its own, on a redis-server
 // of the benchmark's own:
 //
 //	go test -run '^$' -bench BenchmarkServerCPURedis -benchtime 20000x -count 3
 func BenchmarkServerCPURedis(b *testing.B) {
 	srv := redistest.Standalone(b)
-	serveCPUCases(b, []string{"baseline", "sluice-redis", "ulule-redis"}, srv.Addr())
+	serveCPUCases(b, []string{"baseline", "sluice-redis", "sluice-redis-lease", "sluice-redis-write-back", "ulule-redis"}, srv.Addr())
 }
 
 // serveCPUCases runs the cases of BenchmarkServerCPU for the limiters names,
