@@ -583,8 +583,8 @@ func (d *dest) tryDirect(c *call) (time.Time, bool) {
 }
 
 // runDirect sends c, for which tryDirect said yes at start, from the
-// caller's goroutine and returns its outcome. Calls that arrive meanwhile queue for
-// the lanes. A connection error or a read that stalls marks the
+// caller's goroutine and returns its outcome. Calls that arrive meanwhile
+// queue for the lanes. A connection error or a read that stalls marks the
 // destination down, as from a lane.
 func (d *dest) runDirect(ctx context.Context, c *call, start time.Time) (any, error) {
 	// A direct call ends within its caller's deadline, and within

@@ -188,21 +188,26 @@ end
 -- request with one charge; made on first use.
 local stShared, total1, noLink
 
--- The buckets sampled for expired counters in this run, and those of them
--- that did not exist (fresh); made when a request adds a counter. Expiries
--- are only ever extended, so that a bucket outlives all its counters;
--- every bucket has one from its first write on: one known not to have
--- existed gets a plain PEXPIRE, since GT leaves a key without a TTL alone,
--- and one not known to have existed gets NX when GT changed nothing.
+-- The buckets sampled for expired counters in this run, and whether each
+-- bucket that a counter was added to did not exist before (fresh[key]:
+-- true, false, or 'maybe' when it was not sampled); made when a request
+-- adds a counter. Expiries are only ever extended, so that a bucket
+-- outlives all its counters; every bucket has one from its first write on:
+-- one known not to have existed gets a plain PEXPIRE, since GT leaves a
+-- key without a TTL alone, and one that may not have existed gets NX when
+-- GT changed nothing.
 local sampled, fresh
 
 -- extend makes bucket key live at least ttl ms more (see fresh).
 local function extend(key, ttl)
-  if fresh and fresh[key] then
+  local f = fresh and fresh[key]
+  if f == true then
     redis.call('PEXPIRE', key, ttl)
-    fresh[key] = false
-  elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and not (fresh and fresh[key] == false) then
+  elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and f == 'maybe' then
     redis.call('PEXPIRE', key, ttl, 'NX')
+  end
+  if f then
+    fresh[key] = false
   end
 end
 
@@ -241,11 +246,14 @@ end
 -- counter would, for a quarter of the commands. A bucket is sampled at
 -- most once per run; an empty sample means a new bucket.
 local function prune(key, field)
-  if (byte(field, 12) + now) % 4 ~= 0 or (sampled and sampled[key]) then
-    return
-  end
   if not sampled then
     sampled, fresh = {}, {}
+  end
+  if (byte(field, 12) + now) % 4 ~= 0 or sampled[key] then
+    if fresh[key] == nil then
+      fresh[key] = 'maybe'
+    end
+    return
   end
   sampled[key] = true
   local sample = redis.call('HRANDFIELD', key, 8, 'WITHVALUES')

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"strconv"
 	"testing"
 	"time"
 
@@ -66,5 +67,35 @@ func TestPruneBoundsBucket(t *testing.T) {
 	}
 	if ttl := c.PTTL(ctx, bucket).Val(); ttl <= 0 {
 		t.Errorf("the bucket's TTL is %s", ttl)
+	}
+}
+
+// TestNewBucketExpires checks that the bucket a new counter makes gets an
+// expiry of two windows whether or not the new counter samples it (when
+// it does not, decide.lua cannot tell a new bucket from one that exists
+// and tries NX after GT), and that a counter added to an existing bucket
+// extends its expiry, never shortens it.
+func TestNewBucketExpires(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	c := srv.Client(t, nil)
+	ctx := context.Background()
+	s := newTestStore(t, c, srv.Prefix(t))
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, sample := range []bool{false, true} {
+		key := "new-bucket/" + strconv.FormatBool(sample)
+		ch := newCounter(key, now, sample)
+		take(t, s, now, ch)
+		bucket := string(s.appendKey(nil, key))
+		want := 2 * ch.Limit.Window
+		if ttl := c.PTTL(ctx, bucket).Val(); ttl <= want-time.Second || ttl > want {
+			t.Errorf("sample %v: a new bucket's TTL is %s, want %s", sample, ttl, want)
+		}
+		// A counter of a shorter window added later leaves the expiry.
+		short := xc(key, "short", swl(10, time.Second), 1)
+		take(t, s, now.Add(time.Millisecond), short)
+		if ttl := c.PTTL(ctx, bucket).Val(); ttl <= want-time.Second {
+			t.Errorf("sample %v: a shorter counter cut the bucket's TTL to %s", sample, ttl)
+		}
 	}
 }
