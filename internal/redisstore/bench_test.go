@@ -328,7 +328,8 @@ func BenchmarkAlgorithms(b *testing.B) {
 // per-run-16 decides 16 requests (of different clients) per run, as the
 // Pipeliner merges the decisions of a batch. Limits are never reached, so
 // every decision writes; the logs are held full at 1, 10, 100 and 1000
-// entries:
+// entries; sliding_window/cold decides each time for a counter that does
+// not exist yet (a new client), after 100,000 others:
 //
 //	go test -run '^$' -bench BenchmarkScript -count 5 ./internal/redisstore/
 func BenchmarkScript(b *testing.B) {
