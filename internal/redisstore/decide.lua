@@ -105,6 +105,20 @@ local floor, min, max = math.floor, math.min, math.max
 -- now is the instant the request being decided is decided at; clock is
 -- the server's (TIME), read once per run, when a request first needs it.
 local now, clock
+
+-- instant returns the instant to decide a request at: at0, or the
+-- server's clock (TIME, read once per run) when at0 is -1.
+local function instant(at0)
+  if at0 >= 0 then
+    return at0
+  end
+  if not clock then
+    local t = redis.call('TIME')
+    local us = t[2] + 0
+    clock = t[1] * 1000 + (us - us % 1000) / 1000
+  end
+  return clock
+end
 -- slidingFits is window.Roll and window.Fits for a sliding window of w ms
 -- counted in ticks of r ms: the counter (start s, counts p and c; all 0
 -- for none) rolled to now, and whether cost more fits under limit. It
@@ -159,13 +173,7 @@ if ARGV[1] == '1' and #KEYS == 1 then
       local key = KEYS[1]
       local v = redis.call('HGET', key, field)
       if v and #v == 32 then
-        if at0 < 0 then
-          local t = redis.call('TIME')
-          local us = t[2] + 0
-          now = t[1] * 1000 + (us - us % 1000) / 1000
-        else
-          now = at0
-        end
+        now = instant(at0)
         local s0, p0, c0 = unpack('<ddd', v)
         local ok, s, p, c = slidingFits(s0, p0, c0, limit, w, r, cost)
         if ok and mode == 1 and cost > 0 then
@@ -306,16 +314,7 @@ for q = 1, calls do
     at0, mode = unpack('<i8B', req)
   end
   local fail, reply
-  if at0 < 0 then
-    if not clock then
-      local t = redis.call('TIME')
-      local us = t[2] + 0
-      clock = t[1] * 1000 + (us - us % 1000) / 1000
-    end
-    now = clock
-  else
-    now = at0
-  end
+  now = instant(at0)
   local charge = mode == 1
 
   -- The commonest request, one sliding-window charge of a counter that
