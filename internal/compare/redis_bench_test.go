@@ -421,17 +421,20 @@ func runDecisions(conc, n int, impl redisImpl, keys []string) (lat []time.Durati
 	return lat, nerr.Load(), first
 }
 
-// serverCPU returns the CPU time, user and system, in seconds, that the
-// selfCPU returns the CPU time, in seconds, that this process has used
-// (all its threads, user and system, from getrusage).
-func selfCPU(tb testing.TB) float64 {
+// processCPU returns the CPU time that this process has used (all its
+// threads, user and system, from getrusage).
+func processCPU(tb testing.TB) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		tb.Fatal(err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// selfCPU returns processCPU in seconds.
+func selfCPU(tb testing.TB) float64 { return processCPU(tb).Seconds() }
+
+// serverCPU returns the CPU time, user and system, in seconds, that the
 // server of c has used (INFO cpu: used_cpu_user + used_cpu_sys).
 func serverCPU(tb testing.TB, c *redis.Client) float64 {
 	tb.Helper()

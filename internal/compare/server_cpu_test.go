@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -43,19 +42,7 @@ const (
 // redisServed are the net/http middleware on Redis of
 // BenchmarkServerCPURedis, each on a go-redis client of default options.
 var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler{
-	"sluice-redis": func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
-		st, err := middleware.NewRedisStore(c, middleware.RedisConfig{Prefix: "sluice-cpu:"})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { _ = st.Close() })
-		lim, err := middleware.New(middleware.PerMinute(bigLimit), keyfunc.RemoteIP(), middleware.WithStore(st))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { _ = lim.Close() })
-		return lim.Handler(next)
-	},
+	"sluice-redis":            sluiceRedisSync(middleware.SyncExact),
 	"sluice-redis-lease":      sluiceRedisSync(middleware.SyncLease),
 	"sluice-redis-write-back": sluiceRedisSync(middleware.SyncWriteBack),
 	"ulule-redis": func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
@@ -67,8 +54,9 @@ var redisServed = map[string]func(tb testing.TB, c *redis.Client, next http.Hand
 	},
 }
 
-// sluiceRedisSync returns sluice's middleware on Redis in the fleet mode
-// sync, with the mode's default lease, interval and unsynced bound.
+// sluiceRedisSync returns sluice's middleware on Redis with its rule in the
+// mode sync (for the fleet modes with their default lease, interval and
+// unsynced bound).
 func sluiceRedisSync(sync middleware.SyncMode) func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
 	return func(tb testing.TB, c *redis.Client, next http.Handler) http.Handler {
 		st, err := middleware.NewRedisStore(c, middleware.RedisConfig{Prefix: "sluice-cpu-" + sync.String() + ":"})
@@ -391,11 +379,7 @@ func TestServeForCPU(t *testing.T) {
 	fmt.Printf("listening on %s\n", ln.Addr())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() { // "cpu": the process's CPU time so far, in ns
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Println(ru.Utime.Nano() + ru.Stime.Nano())
+		fmt.Println(int64(processCPU(t)))
 	}
 	_ = srv.Shutdown(context.Background())
 }
