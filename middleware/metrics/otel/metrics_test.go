@@ -95,6 +95,17 @@ func checkPoints(t *testing.T, got, want map[string]float64) {
 	}
 }
 
+// totals sums the points of collect by metric name, whatever their
+// attributes.
+func totals(got map[string]float64) map[string]float64 {
+	sum := map[string]float64{}
+	for k, v := range got {
+		name, _, _ := strings.Cut(k, "{")
+		sum[name] += v
+	}
+	return sum
+}
+
 func keys(m map[string]float64) []string {
 	ks := make([]string, 0, len(m))
 	for k := range m {

@@ -1,12 +1,9 @@
 package sluiceotel_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
-
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicehq/sluice/middleware"
 	sluiceotel "github.com/sluicehq/sluice/middleware/metrics/otel"
@@ -27,35 +24,14 @@ func TestRegion(t *testing.T) {
 	t.Parallel()
 	m, reader := newMetrics(t)
 	regionEvents(m)
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]int64{sluiceotel.RegionSyncErrors: 2, sluiceotel.RegionPeerUnreachable: 1, sluiceotel.RegionDropped: 1}
-	got := map[string]int64{}
-	var lags uint64
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			switch d := md.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					got[md.Name] += p.Value
-				}
-			case metricdata.Histogram[float64]:
-				if md.Name == sluiceotel.RegionPeerLag {
-					for _, p := range d.DataPoints {
-						lags += p.Count
-					}
-				}
-			}
-		}
-	}
+	got := totals(collect(t, reader))
+	want := map[string]float64{sluiceotel.RegionSyncErrors: 2, sluiceotel.RegionPeerUnreachable: 1, sluiceotel.RegionDropped: 1}
 	for name, n := range want {
 		if got[name] != n {
-			t.Errorf("%s = %d, want %d", name, got[name], n)
+			t.Errorf("%s = %v, want %v", name, got[name], n)
 		}
 	}
-	if lags != 1 {
-		t.Errorf("%d lags recorded, want 1", lags)
+	if lags := got[sluiceotel.RegionPeerLag+"_count"]; lags != 1 {
+		t.Errorf("%v lags recorded, want 1", lags)
 	}
 }
