@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/middleware"
-	"github.com/sluicehq/sluice/middleware/config"
 )
 
 // TestExampleLogin plays the login scenario of the README on every
@@ -40,38 +35,12 @@ func TestExampleLogin(t *testing.T) {
 		for _, file := range []bool{false, true} {
 			t.Run(name+map[bool]string{false: "/builtin", true: "/rules.yaml"}[file], func(t *testing.T) {
 				t.Parallel()
-				var lim *middleware.Limiter
-				if file {
-					rl, err := config.Open("rules.yaml", demoEnv)
-					if err != nil {
-						t.Fatal(err)
-					}
-					lim = rl.Limiter()
-				} else {
-					var err error
-					if lim, err = middleware.NewRules(builtinRules()); err != nil {
-						t.Fatal(err)
-					}
-				}
-				t.Cleanup(func() { lim.Close() })
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan error, 1)
-				go func() { done <- serve(ctx, ln, lim, nil) }()
-				t.Cleanup(func() {
-					cancel()
-					if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
-						t.Errorf("serve: %v", err)
-					}
-				})
+				lim, addr := serveDemo(t, serve, file)
 				client := &http.Client{Timeout: 5 * time.Second}
 				for _, a := range attempts {
 					for i := range a.times {
 						form := url.Values{"password": {a.password}}.Encode()
-						req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/login?user="+a.user, strings.NewReader(form))
+						req, _ := http.NewRequest("POST", "http://"+addr+"/login?user="+a.user, strings.NewReader(form))
 						req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 						resp, err := client.Do(req)
 						if err != nil {

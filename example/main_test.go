@@ -56,39 +56,16 @@ func TestExampleServers(t *testing.T) {
 		for _, file := range []bool{false, true} {
 			t.Run(name+map[bool]string{false: "/builtin", true: "/rules.yaml"}[file], func(t *testing.T) {
 				t.Parallel()
-				var lim *middleware.Limiter
 				probes := builtin
 				if file {
-					rl, err := config.Open("rules.yaml", demoEnv)
-					if err != nil {
-						t.Fatal(err)
-					}
-					lim, probes = rl.Limiter(), fromFile
-				} else {
-					var err error
-					if lim, err = middleware.NewRules(builtinRules()); err != nil {
-						t.Fatal(err)
-					}
+					probes = fromFile
 				}
-				t.Cleanup(func() { lim.Close() })
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan error, 1)
-				go func() { done <- serve(ctx, ln, lim, nil) }()
-				t.Cleanup(func() {
-					cancel()
-					if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
-						t.Errorf("serve: %v", err)
-					}
-				})
+				_, addr := serveDemo(t, serve, file)
 				client := &http.Client{Timeout: 5 * time.Second}
 				for _, p := range probes {
 					var code int
 					for range p.times {
-						req, _ := http.NewRequest(p.method, "http://"+ln.Addr().String()+p.path, nil)
+						req, _ := http.NewRequest(p.method, "http://"+addr+p.path, nil)
 						if p.header[0] != "" {
 							req.Header.Set(p.header[0], p.header[1])
 						}
@@ -280,4 +257,39 @@ func TestRulesFromService(t *testing.T) {
 	if _, _, _, err := openRules(context.Background(), srv.URL+"/missing.yaml", time.Second, "", nil); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("missing document: %v", err)
 	}
+}
+
+// serveDemo serves the example's limiter, from rules.yaml when file is set
+// or from builtinRules otherwise, with serve on a loopback port until the
+// test ends, and returns the limiter and the server's address.
+func serveDemo(t *testing.T, serve serveFunc, file bool) (*middleware.Limiter, string) {
+	t.Helper()
+	var lim *middleware.Limiter
+	if file {
+		rl, err := config.Open("rules.yaml", demoEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim = rl.Limiter()
+	} else {
+		var err error
+		if lim, err = middleware.NewRules(builtinRules()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { lim.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, ln, lim, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return lim, ln.Addr().String()
 }
