@@ -1,3 +1,9 @@
+// Package regiontest simulates regions on one machine for tests and the
+// regions benchmark: a redis-server per region (started by
+// internal/redistest) and, between each region and each peer's Redis, a
+// Proxy (package delayproxy) that delays every byte by a one-way delay in
+// each direction, keeps their order (pipelined commands stay pipelined),
+// and can slow down, stop forwarding, cut the link and heal it.
 package regiontest
 
 import (
