@@ -85,11 +85,14 @@ func (o *LogObserver) BreakerChanged(open bool) {
 	}
 }
 
-// StoreHealth logs a store's server going down or coming back.
+// StoreHealth logs a store's server going down or slow, or coming back.
 func (o *LogObserver) StoreHealth(e HealthEvent) {
-	if e.Up {
+	switch {
+	case e.Up:
 		o.log.Info("sluice: store server back", slog.String("server", e.Server))
-	} else {
+	case e.Slow:
+		o.log.Warn("sluice: store server slow", slog.String("server", e.Server), slog.Any("cause", e.Cause))
+	default:
 		o.log.Warn("sluice: store server down", slog.String("server", e.Server), slog.Any("cause", e.Cause))
 	}
 }

@@ -91,8 +91,8 @@ type Observer interface {
 	Region(e RegionEvent)
 }
 
-// HealthEvent reports that a server of a store went down or came back
-// (Observer.StoreHealth).
+// HealthEvent reports that a server of a store went down or slow, or came
+// back (Observer.StoreHealth).
 type HealthEvent struct {
 	// Server is the address of the Redis server (a Cluster node, a Ring
 	// shard, the master of a Sentinel-managed client), or "" when the
@@ -100,8 +100,14 @@ type HealthEvent struct {
 	Server string
 	// Up reports whether the server is answering again.
 	Up bool
-	// Cause is why it went down (a connection error, or a batch that was
-	// outstanding too long); nil when Up.
+	// Slow reports that the server answers, but later than the store's
+	// bound allows (see RedisConfig.Timeout): requests for its counters
+	// go to the failure policy at once, as while it is down, until it is
+	// Up again. A server may go from down to slow and back as probes
+	// find it answering late or not at all.
+	Slow bool
+	// Cause is why it went down or slow (a connection error, a batch that
+	// was outstanding too long, a PING answered late); nil when Up.
 	Cause error
 }
 

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,22 +24,41 @@ type RedisConfig struct {
 	// deadline; 0 means 100ms and a negative value means no bound of its
 	// own. The store returns at the deadline whatever the go-redis
 	// client's options (go-redis itself ends a hung read at a context
-	// deadline only with ContextTimeoutEnabled), unless the server still
-	// answers a PING then: the reply is late because this process is
-	// short of CPU, not the server, and the decision waits on for it, up
-	// to a second more. The request context's own deadline is kept.
+	// deadline only with ContextTimeoutEnabled), and the request
+	// context's own deadline is kept.
+	//
+	// Timeout is also what makes a server slow: one whose round trip (a
+	// PING on a connection of the store's own) takes more than three
+	// quarters of it answers, but too late to decide within it. Requests
+	// for the counters of a slow server go to the failure policy at once,
+	// as while it is down, rather than each waiting out Timeout; the
+	// server is probed (25ms, doubling up to 200ms) and used again as
+	// soon as a probe's PING is answered within three quarters of Timeout.
+	//
+	// One wait goes past the deadline: that for a reply that has most
+	// likely come but is not read yet, because this process is short of
+	// CPU. When the deadline's timer fires late, or more goroutines wait
+	// to run than there are processors, or a batch was late lately while
+	// its server answered at once, and the server answers a PING within
+	// 25ms, the decision waits on, 20ms at a time, up to a second more. A
+	// server that answers later gets no more than Timeout. Measured, no
+	// decision was held longer than Timeout plus 25ms beyond this
+	// process's own scheduling lag, whatever the server's delay
+	// (BENCHMARKS.md, "A slow Redis").
 	Timeout time.Duration
 	// StallThreshold is how long a batch of decisions may wait for a
 	// server's answer before the server is asked, with a PING on a
 	// connection of the store's own, whether it still answers; if it does
-	// not (within 25ms, or twice its recent slowest round trip, at most
-	// 100ms), it is taken as down: requests for its counters then go to
-	// the failure policy at once, instead of waiting behind it, until a
-	// probe finds it answering again. A server that answers the PING is
-	// up, however late this process is to read its replies (a process
-	// short of CPU). 0 means adaptive: 20ms plus twice the server's recent
-	// slowest round trip, at most 35ms. A negative value marks servers
-	// down only on connection errors.
+	// not within half of Timeout (or twice its recent slowest round trip,
+	// at most 100ms, if longer), it is taken as down; if it answers later
+	// than three quarters of Timeout, as slow. Either way, requests for
+	// its counters then go to the failure policy at once, instead of
+	// waiting behind it, until a probe finds it answering in time again.
+	// A server that answers the PING in time is up, however late this
+	// process is to read its replies (a process short of CPU). 0 means
+	// adaptive: 20ms plus twice the server's recent slowest round trip,
+	// at most 35ms. A negative value marks servers down only on
+	// connection errors, and never slow.
 	StallThreshold time.Duration
 	// MaxBatch bounds how many decisions share one round trip to one
 	// server; 0 means 128.
@@ -60,13 +80,15 @@ type RedisConfig struct {
 //
 // The store follows each server's health: a server whose answers stall
 // (see RedisConfig.StallThreshold) or whose connection fails is taken as
-// down, the requests for its counters go to the failure policy at once,
-// and it is probed at a short, growing interval (25ms, doubling up to
-// 200ms) so that decisions come back from it soon after it answers again.
-// On Cluster, a node going down makes the client reload the slot map, so
-// that a promoted replica is used within about a second. A Limiter with
-// such a store needs no circuit breaker of its own and has none unless
-// WithBreaker sets one.
+// down, and one that answers later than three quarters of
+// RedisConfig.Timeout as slow; the requests for its counters go to the
+// failure policy at once, and it is probed at a short, growing interval
+// (25ms, doubling up to 200ms) so that decisions come back from it soon
+// after it answers in time again. On Cluster, a node going down makes the
+// client reload the slot map, so that a promoted replica is used within
+// about a second. A Limiter with such a store needs no circuit breaker of
+// its own and has none unless WithBreaker sets one. See docs/redis.md for
+// what a user sees for each kind of failure.
 //
 // Keys are never stored as given: counters are fields of bucket hashes at
 // "<prefix>{<3 characters of base64url SHA-256 of Key>}", named by 12
@@ -83,9 +105,9 @@ type RedisConfig struct {
 // Key per request on Cluster. A Ring also moves keys between shards when
 // one goes down or comes back, which resets the counters that move.
 //
-// The store reports its servers going down and coming back, and the size
-// of each batch, to its Observers (see ObservableStore): a Limiter adds its
-// own in New and removes them in Close.
+// The store reports its servers going down or slow and coming back, and
+// the size of each batch, to its Observers (see ObservableStore): a
+// Limiter adds its own in New and removes them in Close.
 //
 // The store runs goroutines of its own (workers for each server it has
 // sent decisions to, and probes of servers that are down). Whoever makes a store
@@ -193,7 +215,7 @@ func (r *RedisStore) Close() error { return r.s.Close() }
 
 // health passes a server's state change to the observers.
 func (r *RedisStore) health(server string, up bool, cause error) {
-	e := HealthEvent{Server: server, Up: up, Cause: cause}
+	e := HealthEvent{Server: server, Up: up, Slow: !up && errors.Is(cause, redispipe.ErrSlow), Cause: cause}
 	for _, o := range r.obs.load() {
 		o.StoreHealth(e)
 	}

@@ -46,6 +46,7 @@ type outcome struct {
 	took    time.Duration // how long Decide took
 	key     int           // which client
 	decided bool          // by Redis (not by the failure policy)
+	err     error         // Decide's error, or the store error it absorbed
 	// lag is the longest this process went unscheduled while the request
 	// ran (package schedlag): on a machine that busy, a request is held
 	// only if it took longer than heldTooLong plus lag.
@@ -64,18 +65,27 @@ type load struct {
 
 func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) *load {
 	t.Helper()
+	return startLoadAt(t, lim, keyOf, loadRate, loadGoroutines)
+}
+
+// startLoadAt is startLoad at rate requests a second from goroutines
+// goroutines, each on a ticker of its own: a goroutine held by a request
+// misses the ticks that pass meanwhile, as a client that waits for its
+// answer does.
+func startLoadAt(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string, rate, goroutines int) *load {
+	t.Helper()
 	l := &load{stop: make(chan struct{}), lags: schedlag.Start(t)}
 	var next atomic.Int64
-	interval := time.Second * loadGoroutines / loadRate
-	for g := range loadGoroutines {
+	interval := time.Second * time.Duration(goroutines) / time.Duration(rate)
+	for g := range goroutines {
 		l.done.Add(1)
 		go func() {
 			defer l.done.Done()
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			// Stagger the goroutines over one interval.
-			time.Sleep(interval * time.Duration(g) / loadGoroutines)
-			for n := 0; n < 60*loadRate/loadGoroutines; n++ { // at most a minute
+			time.Sleep(interval * time.Duration(g) / time.Duration(goroutines))
+			for n := 0; n < 60*rate/goroutines; n++ { // at most a minute
 				select {
 				case <-l.stop:
 					return
@@ -86,6 +96,10 @@ func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) 
 				start := time.Now()
 				res, err := lim.Decide(keyfunc.FromHTTP(r))
 				o := outcome{at: start, took: time.Since(start), key: i, decided: err == nil && res.Applied && res.StoreErr == nil}
+				if err == nil {
+					err = res.StoreErr
+				}
+				o.err = err
 				l.mu.Lock()
 				l.outcomes = append(l.outcomes, o)
 				l.mu.Unlock()

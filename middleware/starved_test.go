@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -122,21 +121,7 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 	}
 
 	lags := schedlag.Start(t)
-	var stop atomic.Bool
-	var burners sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		burners.Add(1)
-		go func() {
-			defer burners.Done()
-			x := uint64(1)
-			for !stop.Load() {
-				for range 1000 {
-					x = x*6364136223846793005 + 1442695040888963407
-				}
-			}
-			_ = x
-		}()
-	}
+	stopBurning := burnCPU()
 
 	// admitted holds the interval in which each admitted request was
 	// decided: from just before Decide to just after.
@@ -181,8 +166,7 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 		}
 	}
 	callersDone.Wait()
-	stop.Store(true)
-	burners.Wait()
+	stopBurning()
 
 	// The most admitted in any 1 s, counting only the requests decided
 	// wholly within it, which can only undercount; past 1000 it stops

@@ -44,6 +44,10 @@ type call struct {
 	timed       bool
 	// quiet calls are not counted in Config.OnBatch (RunQuiet).
 	quiet bool
+	// queued is when a timed call was queued for a lane; sent, in Unix
+	// nanoseconds, when a lane took it (zero until then). See overrun.
+	queued time.Time
+	sent   atomic.Int64
 
 	// cmd is the command of the latest attempt; only the lane touches it.
 	// Several calls of a batch script may share one (merged); idx is then
@@ -221,10 +225,12 @@ func (c *call) complete(val any, err error) {
 // reference.
 //
 // The call's own deadline bounds how long its server takes, not how long
-// this process takes to read the reply: at the deadline, if the server is
-// answering (see dest.answering), the call waits on, a stall threshold at
-// a time, up to maxOverrun past the deadline. A process short of CPU may
-// not have run the lane that reads the reply although the reply is in.
+// this process takes to read the reply: a process short of CPU may not
+// have run the lane that reads the reply although the reply is in. So at
+// the deadline, if the reply has most likely come (see dest.overrun), the
+// call waits on, overrunStep at a time, up to maxOverrun past the
+// deadline. A server that answers, but late, gets no more than the
+// deadline.
 func (c *call) wait(ctx context.Context) (any, error) {
 	var cause error
 	select {
@@ -232,9 +238,10 @@ func (c *call) wait(ctx context.Context) (any, error) {
 	default:
 		var expired <-chan time.Time
 		var t *time.Timer
+		due := c.deadline
 		if c.timed {
 			t = timerPool.Get().(*time.Timer)
-			t.Reset(time.Until(c.deadline))
+			t.Reset(time.Until(due))
 			expired = t.C
 		}
 	waiting:
@@ -244,9 +251,12 @@ func (c *call) wait(ctx context.Context) (any, error) {
 			case <-ctx.Done():
 				cause = context.Cause(ctx)
 			case <-expired:
-				if d := c.dest; d != nil && time.Since(c.deadline) < maxOverrun && d.answering() {
-					t.Reset(MinStallThreshold)
-					continue waiting
+				if d := c.dest; d != nil {
+					if now := time.Now(); d.overrun(c, due, now) {
+						due = now.Add(overrunStep)
+						t.Reset(overrunStep)
+						continue waiting
+					}
 				}
 				cause = context.DeadlineExceeded
 			}
@@ -294,7 +304,8 @@ func (c *call) release() {
 	c.args = c.args[:0]
 	c.script, c.cmd, c.val, c.err, c.idx, c.merged, c.dest = nil, nil, nil, nil, 0, false, nil
 	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
-	c.quiet = false
+	c.quiet, c.queued = false, time.Time{}
+	c.sent.Store(0)
 	c.state.Store(pending)
 	callPool.Put(c)
 }

@@ -37,10 +37,19 @@ type dest struct {
 	// stalled.
 	lanes   []*lane
 	healthy int
-	closed  bool
-	// down is set while the destination is down; downErr is then the error
-	// its calls get.
-	down    bool
+	// idle counts the lanes waiting for calls; lastBatch is when a lane
+	// last took a batch; spread starts an extra lane for calls that wait
+	// (see spreadLocked), and spreading is set while it is armed.
+	idle      int
+	lastBatch time.Time
+	spread    *time.Timer
+	spreading bool
+	// warmer runs warm every warmEvery, when servers may be slow.
+	warmer *time.Timer
+	closed bool
+	// state is the destination's health; downErr is the error its calls
+	// get while it is not up.
+	state   health
 	downErr error
 	// probing is set while a probe goroutine runs.
 	probing bool
@@ -68,8 +77,12 @@ type dest struct {
 	// read the server's replies. Both guarded by mu.
 	verifying bool
 	lateAt    time.Time
-	// watch is the connection of verifications.
-	watch watch
+	// answeredAt is when, in Unix nanoseconds, the latest PING of a
+	// verification that the server answered was written.
+	answeredAt atomic.Int64
+	// watch is the connection of verifications; probeWatch, that of the
+	// probes that tell a slow server from one that is down.
+	watch, probeWatch watch
 	// clone, if not nil, is the client of direct calls (see setClient).
 	clone atomic.Pointer[redis.Client]
 	// bound is the context of the direct calls through the clone (see
@@ -131,6 +144,11 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	// Until batches tell what is usual, the adaptive stall threshold
 	// starts high (MaxStallThreshold) and comes down as the peak decays.
 	d := &dest{p: p, name: name, peak: (MaxStallThreshold - MinStallThreshold) / 2, peakAt: time.Now()}
+	d.probeWatch.dialTimeout = slowProbeWait
+	done := make(chan struct{})
+	d.watch.done.Store(&done)
+	d.spread = time.AfterFunc(time.Hour, d.onSpread)
+	d.spread.Stop()
 	d.setClient(c)
 	d.cond.L = &d.mu
 	d.mu.Lock()
@@ -141,7 +159,49 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	if d.stallThresholdLocked() > 0 {
 		d.prepareWatch()
 	}
+	if p.slowRoundTrip > 0 {
+		d.warmer = time.AfterFunc(warmEvery, d.warm)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			d.warm()
+		}()
+	}
 	return d
+}
+
+// warmEvery is how often warm runs.
+const warmEvery = 10 * time.Minute
+
+// warm has the client's pool hold a connection for each of the
+// destination's lanes, extra ones included (see spreadLocked), by sending
+// as many PINGs at once through a clone of the client, which shares its
+// pool but none of its hooks; and sets itself to run again in warmEvery.
+// When a slow server keeps the lanes busy, an extra lane then finds a
+// connection ready: a new one takes a round trip or two to set up (HELLO,
+// CLIENT SETINFO), which the calls waiting for the extra lane would wait
+// for on top of their own. Running again keeps those connections from
+// idling past go-redis's ConnMaxIdleTime (30 minutes by default), after
+// which it closes them.
+func (d *dest) warm() {
+	if d.p.ctx.Err() != nil {
+		return
+	}
+	defer d.warmer.Reset(warmEvery)
+	n := d.p.cfg.MaxInFlight + extraLanes
+	c := d.client.Load()
+	clone := c.WithTimeout(c.Options().ReadTimeout)
+	ctx, cancel := context.WithTimeout(d.p.ctx, time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = clone.Ping(ctx).Err()
+		}()
+	}
+	wg.Wait()
 }
 
 // enqueue queues c, or returns the error of a destination that is down or
@@ -152,7 +212,7 @@ func (d *dest) enqueue(c *call) error {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	if d.down {
+	if d.state != up {
 		d.lastUse = time.Now()
 		err := d.downErr
 		if !d.probing {
@@ -161,10 +221,53 @@ func (d *dest) enqueue(c *call) error {
 		d.mu.Unlock()
 		return err
 	}
+	if c.timed {
+		c.queued = time.Now() // for overrun
+	}
 	d.queue = append(d.queue, c)
+	d.spreadLocked()
 	d.mu.Unlock()
 	d.cond.Signal()
 	return nil
+}
+
+// spreadAfter is how long after the latest batch left a call may wait
+// for a lane, all of them being busy, before an extra lane takes it.
+const spreadAfter = 10 * time.Millisecond
+
+// extraLanes bounds the lanes started by spreadLocked, beyond
+// Config.MaxInFlight.
+const extraLanes = 4
+
+// spreadLocked starts an extra lane for the calls queued if every lane is
+// busy and none has taken a batch for spreadAfter, or arms the spread
+// timer to see to it then. With a server whose round trip is long, the
+// lanes tend to leave together, and a call that just missed them would
+// wait for a whole round trip before its own. An extra lane ends when it
+// finds nothing queued after its batch.
+func (d *dest) spreadLocked() {
+	if d.idle > 0 || len(d.queue) == 0 || d.healthy >= d.p.cfg.MaxInFlight+extraLanes ||
+		d.p.send != nil || d.state != up || d.closed {
+		return
+	}
+	now := time.Now()
+	if wait := spreadAfter - now.Sub(d.lastBatch); wait > 0 {
+		if !d.spreading {
+			d.spreading = true
+			d.spread.Reset(wait)
+		}
+		return
+	}
+	d.lastBatch = now // one extra lane at a time
+	d.startLaneLocked()
+}
+
+// onSpread runs when the spread timer fires.
+func (d *dest) onSpread() {
+	d.mu.Lock()
+	d.spreading = false
+	d.spreadLocked()
+	d.mu.Unlock()
 }
 
 // close fails the queued calls with ErrClosed and wakes the lanes so that
@@ -175,6 +278,10 @@ func (d *dest) close() {
 	queued := d.queue
 	d.queue = nil
 	d.mu.Unlock()
+	d.spread.Stop()
+	if d.warmer != nil {
+		d.warmer.Stop()
+	}
 	d.cond.Broadcast()
 	d.closeWatch()
 	for _, c := range queued {
@@ -254,8 +361,17 @@ func (l *lane) run() {
 	defer d.p.wg.Done()
 	for {
 		d.mu.Lock()
+		if len(d.queue) == 0 && d.healthy > d.p.cfg.MaxInFlight && !l.stalled {
+			// An extra lane (see spreadLocked) that is not needed.
+			l.removeLocked()
+			d.healthy--
+			d.mu.Unlock()
+			return
+		}
 		for len(d.queue) == 0 && !d.closed {
+			d.idle++
 			d.cond.Wait()
+			d.idle--
 		}
 		if d.closed {
 			l.removeLocked()
@@ -277,11 +393,14 @@ func (l *lane) run() {
 		thr := d.stallThresholdLocked()
 		now := time.Now()
 		l.busy, l.start = true, now
-		d.lastUse = now
+		d.lastUse, d.lastBatch = now, now
 		if thr > 0 {
 			l.due = now.Add(thr)
 		}
 		d.mu.Unlock()
+		for _, c := range l.batch {
+			c.sent.Store(now.UnixNano())
+		}
 		if more {
 			d.cond.Signal() // another lane may take the rest
 		}
@@ -308,7 +427,7 @@ func (l *lane) run() {
 		d.mu.Unlock()
 		if stalled && answered {
 			// The batch was slow, not lost: the server answers.
-			d.markUp()
+			d.answeredLate(end.Sub(now))
 		}
 		for i, c := range batch {
 			c.release()
@@ -548,7 +667,8 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 // client that does not honour context deadlines, the caller's deadline
 // must leave room for that twice (a write and a read), and without
 // directTimeout (stall detection off) only callers without a deadline
-// may call directly.
+// may call directly. Nor is a call direct while the destination's recent
+// slowest batch took more than half of directTimeout.
 func (d *dest) tryDirect(c *call) (time.Time, bool) {
 	p := d.p
 	if p.noDirect || p.send != nil {
@@ -562,7 +682,12 @@ func (d *dest) tryDirect(c *call) (time.Time, bool) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed || d.down || d.directs > 0 || len(d.queue) > 0 {
+	if d.closed || d.state != up || d.directs > 0 || len(d.queue) > 0 {
+		return time.Time{}, false
+	}
+	if p.directTimeout > 0 && 2*d.peak > p.directTimeout {
+		// The server's recent round trips leave a direct call too little
+		// room: one that times out loses its reply with its connection.
 		return time.Time{}, false
 	}
 	for _, l := range d.lanes {
@@ -633,36 +758,74 @@ func (d *dest) runDirect(ctx context.Context, c *call, start time.Time) (any, er
 		d.observeLocked(end.Sub(start), end)
 	}
 	d.mu.Unlock()
-	var v verdict
-	if stalled && d.p.ctx.Err() == nil {
-		// As for a batch: the server is down only if it does not answer
-		// a verification either.
-		if v = d.verify(end); v.answered {
-			d.noteLate()
-		}
-	}
 	open := d.p.ctx.Err() == nil
 	switch {
-	case open && stalled && v.answered:
-		// This process, or this connection, was too slow for the reply,
-		// which went with the connection: the call has none, but the
-		// server is up.
-		c.complete(nil, fmt.Errorf("redispipe: no reply read within %s although the server answers: %w",
-			end.Sub(start).Round(time.Millisecond), err))
-	case open && (stalled || isConnError(err)):
-		cause := err
-		if stalled {
-			cause = fmt.Errorf("%w: a call outstanding for %s, and %s: %w",
-				ErrStalled, end.Sub(start).Round(time.Millisecond), v.describe(), err)
+	case open && stalled:
+		// As for a batch: the server is down only if it does not answer
+		// a verification either, and slow if it answers late. The
+		// verdict gives the call its error if it comes by the call's
+		// deadline (the call has no reply either way: it went with the
+		// connection), and the destination its state whenever it comes.
+		verdict := make(chan error, 1)
+		d.p.wg.Add(1)
+		go func() {
+			defer d.p.wg.Done()
+			verdict <- d.judgeDirect(end.Sub(start), end, err)
+		}()
+		var cerr error
+		var expired <-chan time.Time
+		if c.hasDeadline {
+			t := time.NewTimer(time.Until(c.deadline))
+			defer t.Stop()
+			expired = t.C
 		}
-		d.markDown(cause)
-		c.complete(nil, &unavailableError{dest: d.name, cause: cause})
+		select {
+		case cerr = <-verdict:
+		case <-expired:
+			cerr = fmt.Errorf("redispipe: no reply read within %s: %w", end.Sub(start).Round(time.Millisecond), err)
+		case <-ctx.Done():
+			cerr = fmt.Errorf("redispipe: no reply read within %s: %w", end.Sub(start).Round(time.Millisecond), context.Cause(ctx))
+		}
+		c.complete(nil, cerr)
+	case open && isConnError(err):
+		d.markDown(err)
+		c.complete(nil, &unavailableError{dest: d.name, cause: err})
 	default:
 		one := [1]*call{c}
 		d.finish(ctx, client, one[:])
 	}
 	c.release() // the destination's reference
 	return c.wait(ctx)
+}
+
+// judgeDirect verifies the server after a direct call timed out, took
+// after it was sent with the error err, at end; it marks the destination
+// down or slow if the verdict says so, and returns the call's error.
+func (d *dest) judgeDirect(took time.Duration, end time.Time, err error) error {
+	d.mu.Lock()
+	marks := d.stallMarksLocked()
+	d.mu.Unlock()
+	v := d.verify(end, marks...)
+	if v.answeredWithin(verifyWait) {
+		d.noteLate()
+	}
+	s := d.p.slowRoundTrip
+	switch {
+	case v.answered && (s <= 0 || v.answeredWithin(s)):
+		// This process, or this connection, was too slow for the reply:
+		// the server is up.
+		return fmt.Errorf("redispipe: no reply read within %s although the server answers: %w",
+			took.Round(time.Millisecond), err)
+	case v.answered:
+		cause := fmt.Errorf("%w: a call outstanding for %s, and %s: %w",
+			ErrSlow, took.Round(time.Millisecond), v.describeSlow(s), err)
+		d.markSlow(cause)
+		return &unavailableError{dest: d.name, slow: true, cause: cause}
+	}
+	cause := fmt.Errorf("%w: a call outstanding for %s, and %s: %w",
+		ErrStalled, took.Round(time.Millisecond), v.describe(), err)
+	d.markStalled(cause)
+	return &unavailableError{dest: d.name, cause: cause}
 }
 
 // later returns the later of a and b.

@@ -12,42 +12,100 @@ import (
 )
 
 const (
-	// dormantAfter is how long a destination that is down keeps being
-	// probed without calls for it; the next call restarts the probes.
+	// dormantAfter is how long a destination that is down or slow keeps
+	// being probed without calls for it; the next call restarts the
+	// probes.
 	dormantAfter = 10 * time.Second
 	// minProbeTimeout bounds a probe's dial and PING from below; a probe
 	// never waits longer than the interval after it or this, whichever is
-	// longer, except for a read from a client that ignores deadlines.
+	// longer, except for a read from a client that ignores deadlines and
+	// for the PING that tells a slow server from one that is down
+	// (slowProbeWait).
 	minProbeTimeout = 250 * time.Millisecond
+	// slowProbeWait is how long the PING of a probe waits for a reply when
+	// servers may be slow (Config.Bound): a server that answers later than
+	// the slow round trip but within slowProbeWait is slow; one that does
+	// not answer, down.
+	slowProbeWait = time.Second
 	// lagTolerance is how late a stall timer may fire before this process
 	// is taken as short of CPU.
 	lagTolerance = 5 * time.Millisecond
+	// lateRecent is how long after a batch was seen late while its server
+	// answered at once this process still counts as short of CPU for the
+	// calls that reach their deadline (see overrun).
+	lateRecent = maxVerifyWait
 )
 
-// unavailableError is the error of calls for a destination that is down.
+// health is the state of a destination.
+type health int
+
+const (
+	// up: calls are sent.
+	up health = iota
+	// slow: the server answers, but later than the slow round trip
+	// (Config.Bound); calls fail at once.
+	slow
+	// down: the server does not answer, or its connection failed; calls
+	// fail at once.
+	down
+)
+
+// unavailableError is the error of calls for a destination that is down
+// or slow.
 type unavailableError struct {
 	dest  string
+	slow  bool
 	cause error
 }
 
 func (e *unavailableError) Error() string {
+	if e.slow {
+		return fmt.Sprintf("redispipe: %s slow: %v", e.dest, e.cause)
+	}
 	return fmt.Sprintf("redispipe: %s unavailable: %v", e.dest, e.cause)
 }
 
 // Is reports whether target is ErrUnavailable.
 func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }
 
-// Unwrap returns the reason the destination went down.
+// Unwrap returns the reason the destination went down or slow.
 func (e *unavailableError) Unwrap() error { return e.cause }
+
+// stallMarksLocked returns the marks at which a stall's verification
+// reads its PING's reply (see verify): verifyWait, then the slow round
+// trip if it comes first, then stallWaitLocked.
+func (d *dest) stallMarksLocked() []time.Duration {
+	w := d.stallWaitLocked()
+	if s := d.p.slowRoundTrip; s > verifyWait && s < w {
+		return []time.Duration{verifyWait, s, w}
+	}
+	return []time.Duration{verifyWait, w}
+}
+
+// stallWaitLocked returns how long the server has to answer the PING of
+// a stall's verification before it is taken as down: verifyWait, or twice
+// its recent slowest batch time if longer, at most maxVerifyWait; and at
+// least half of Config.Bound, so that a server whose round trip rose
+// within what the callers' bound allows is not taken for one that
+// stopped, while one that stopped is found before the first calls of the
+// stalled batch reach that bound.
+func (d *dest) stallWaitLocked() time.Duration {
+	w := min(max(verifyWait, 2*d.peak), maxVerifyWait)
+	if b := d.p.cfg.Bound; b > 0 {
+		w = max(w, b/2)
+	}
+	return w
+}
 
 // onTimer runs when the lane's batch may have reached its stall threshold.
 // The destination is marked down only if its server does not answer a
-// verification either (see verify.go); if it does, the batches
-// outstanding are late, not lost, and get another stall threshold.
+// verification either (see verify.go), and slow if it answers later than
+// the slow round trip; if it answers in time, the batches outstanding are
+// late, not lost, and get another stall threshold.
 func (l *lane) onTimer() {
 	d := l.d
 	d.mu.Lock()
-	if !l.busy || l.stalled || d.down || d.closed {
+	if !l.busy || l.stalled || d.state != up || d.closed {
 		d.mu.Unlock()
 		return
 	}
@@ -73,22 +131,30 @@ func (l *lane) onTimer() {
 	}
 	d.verifying = true
 	n, took := len(l.batch), now.Sub(l.start)
+	marks := d.stallMarksLocked()
 	d.mu.Unlock()
 
-	v := d.verify(now.Add(-lagTolerance))
+	v := d.verify(now.Add(-lagTolerance), marks...)
 
 	d.mu.Lock()
 	d.verifying = false
 	if !v.answered {
 		d.mu.Unlock()
-		d.markDown(fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrStalled, n, took.Round(time.Millisecond), v.describe()))
+		d.markStalled(fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrStalled, n, took.Round(time.Millisecond), v.describe()))
 		return
 	}
-	// The server answers: whatever keeps the replies of the batches
-	// outstanding (this process being late to read them, most likely),
-	// it is not the server being down.
+	if s := d.p.slowRoundTrip; s > 0 && !v.answeredWithin(s) {
+		d.mu.Unlock()
+		d.markSlow(fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrSlow, n, took.Round(time.Millisecond), v.describeSlow(s)))
+		return
+	}
+	// The server answers in time: whatever keeps the replies of the
+	// batches outstanding, it is not the server being down; if it
+	// answered at once, it is this process being late to read them.
 	now = time.Now()
-	d.lateAt = now
+	if v.answeredWithin(verifyWait) {
+		d.lateAt = now
+	}
 	thr := d.stallThresholdLocked()
 	var again []*lane
 	for _, o := range d.lanes {
@@ -104,31 +170,53 @@ func (l *lane) onTimer() {
 }
 
 // maxOverrun bounds how long a call may wait past its deadline (that of
-// RunBy) while its destination's server answers (see call.wait).
+// RunBy) for a reply that this process is late to read (see call.wait).
 const maxOverrun = time.Second
 
-// answering reports whether the destination is up and its server answered
-// a verification lately (within the stall threshold), asking it now if
-// not. A server that does not answer is marked down. It is false when
-// stall detection is off.
-func (d *dest) answering() bool {
+// overrunStep is how long a call waits on past its deadline before
+// overrun is asked again.
+const overrunStep = MinStallThreshold
+
+// overrunSlack is how long a call past its deadline waits for the verdict
+// of a verification under way, unless this process is late.
+const overrunSlack = 20 * time.Millisecond
+
+// overrun reports whether call c, whose deadline has passed and whose
+// timer was due at fired and ran at now, may wait on for a reply that
+// has most likely come but is not read yet: one the server sent before it
+// answered a PING written after c was sent. A call still queued for a
+// lane (all of them busy) has no reply yet; it waits on only while this
+// process is short of CPU (the timer fired late, more goroutines wait to
+// run than there are processors, or a batch was late lately while its
+// server answered at once) and the server answers a PING written since
+// the call was queued. While another verification is under way, the
+// call waits for its verdict for up to overrunSlack, or on, a step at a
+// time, if its own timer fired late: the wait is then this process's lag.
+// A server that answers
+// later than the deadline, slow or not, leaves the call to end at it. It
+// is false when stall detection is off, and from maxOverrun past the
+// deadline.
+func (d *dest) overrun(c *call, fired, now time.Time) bool {
+	if now.Sub(c.deadline) >= maxOverrun {
+		return false
+	}
 	d.mu.Lock()
 	thr := d.stallThresholdLocked()
-	if d.down || d.closed || thr <= 0 {
+	timerLate := now.Sub(fired) > lagTolerance
+	late := timerLate || now.Sub(d.lateAt) < lateRecent
+	if d.state != up || d.closed || thr <= 0 {
 		d.mu.Unlock()
 		return false
 	}
 	d.mu.Unlock()
-	now := time.Now()
-	v := d.verify(now.Add(-thr))
-	if !v.answered {
-		if d.p.ctx.Err() == nil {
-			d.markDown(fmt.Errorf("%w: a call outstanding past its deadline, and %s", ErrStalled, v.describe()))
+	since := time.Unix(0, c.sent.Load())
+	if c.sent.Load() == 0 {
+		if !late && !d.p.busy(now) {
+			return false
 		}
-		return false
+		since = c.queued
 	}
-	d.noteLate()
-	return true
+	return d.answersSince(since, now.Add(overrunSlack), timerLate)
 }
 
 // noteLate records that this process was seen late to read replies.
@@ -143,20 +231,69 @@ func (v verdict) describe() string {
 	if v.err != nil {
 		return fmt.Sprintf("no PING could be sent to it (%v)", v.err)
 	}
-	return fmt.Sprintf("no answer to a PING within %s", v.wait)
+	return fmt.Sprintf("no answer to a PING within %s", v.beyond.Round(time.Millisecond))
 }
 
-// markDown marks the destination down for cause, unless it is already,
-// and fails every call queued or in flight to it. Lanes stuck in a batch
-// are replaced, so that the destination can be used as soon as it is up.
-func (d *dest) markDown(cause error) {
+// describeSlow says, for the cause of a server found slow, what the
+// verification found, s being the slow round trip.
+func (v verdict) describeSlow(s time.Duration) string {
+	return fmt.Sprintf("a PING answered after more than %s (within %s), longer than the %s a server that is up may take",
+		v.beyond.Round(time.Millisecond), v.within.Round(time.Millisecond), s)
+}
+
+// markDown marks the destination down for cause, unless it is already
+// (see setState).
+func (d *dest) markDown(cause error) { d.setState(down, cause) }
+
+// markSlow marks the destination slow for cause, unless it is already
+// (see setState).
+func (d *dest) markSlow(cause error) { d.setState(slow, cause) }
+
+// markStalled marks the destination down for cause, a PING unanswered
+// after a stall, unless it is down or slow already: a server known to
+// answer late is not taken as down for not answering within a stall's
+// wait (only a probe, which waits longer, or a connection error, tells).
+func (d *dest) markStalled(cause error) {
 	d.mu.Lock()
-	if d.down || d.closed {
+	isSlow := d.state == slow
+	d.mu.Unlock()
+	if !isSlow {
+		d.markDown(cause)
+	}
+}
+
+// markUp marks the destination up, unless it is already.
+func (d *dest) markUp() { d.setState(up, nil) }
+
+// setState moves the destination to state to, for cause, unless it is
+// there already or closed. A destination that leaves up fails every call
+// queued or in flight to it; lanes stuck in a batch are replaced, so that
+// the destination can be used as soon as it is up again, and it is
+// probed until it is.
+func (d *dest) setState(to health, cause error) {
+	d.mu.Lock()
+	if d.state == to || d.closed {
 		d.mu.Unlock()
 		return
 	}
-	err := &unavailableError{dest: d.name, cause: cause}
-	d.down, d.downErr = true, err
+	from := d.state
+	d.state = to
+	if to == up {
+		d.downErr = nil
+		d.events = append(d.events, event{up: true})
+		d.mu.Unlock()
+		d.deliver()
+		return
+	}
+	err := &unavailableError{dest: d.name, slow: to == slow, cause: cause}
+	d.downErr = err
+	d.events = append(d.events, event{up: false, cause: cause})
+	if from != up {
+		// Calls fail at once already, and a probe runs.
+		d.mu.Unlock()
+		d.deliver()
+		return
+	}
 	queued := d.queue
 	d.queue = nil
 	var inflight []*call
@@ -185,7 +322,6 @@ func (d *dest) markDown(cause error) {
 	} else {
 		d.probeReset = true
 	}
-	d.events = append(d.events, event{up: false, cause: cause})
 	d.mu.Unlock()
 
 	for _, c := range queued {
@@ -196,23 +332,28 @@ func (d *dest) markDown(cause error) {
 		c.complete(nil, err)
 		c.release()
 	}
-	if d.p.kind == kindCluster {
+	if to == down && d.p.kind == kindCluster {
 		d.p.cluster.ReloadState(d.p.ctx)
 	}
 	d.deliver()
 }
 
-// markUp marks the destination up, unless it is already.
-func (d *dest) markUp() {
-	d.mu.Lock()
-	if !d.down || d.closed {
-		d.mu.Unlock()
+// answeredLate records that a batch a stall left outstanding was answered
+// after all, took after it was sent: the server is up if it took no longer
+// than the slow round trip, and slow, not down, otherwise.
+func (d *dest) answeredLate(took time.Duration) {
+	s := d.p.slowRoundTrip
+	if s <= 0 || took <= s {
+		d.markUp()
 		return
 	}
-	d.down, d.downErr = false, nil
-	d.events = append(d.events, event{up: true})
+	d.mu.Lock()
+	wasDown := d.state == down
 	d.mu.Unlock()
-	d.deliver()
+	if wasDown {
+		d.markSlow(fmt.Errorf("%w: a batch answered after %s, longer than the %s a server that is up may take",
+			ErrSlow, took.Round(time.Millisecond), s))
+	}
 }
 
 // startProbeLocked starts the probe goroutine.
@@ -222,8 +363,8 @@ func (d *dest) startProbeLocked() {
 	go d.probe()
 }
 
-// probe probes the destination, which is down, until it is up, nobody
-// has wanted it for a while, or the Pipeliner is closed.
+// probe probes the destination, which is down or slow, until it is up,
+// nobody has wanted it for a while, or the Pipeliner is closed.
 func (d *dest) probe() {
 	defer d.p.wg.Done()
 	interval := d.p.cfg.ProbeInterval
@@ -238,16 +379,17 @@ func (d *dest) probe() {
 			return
 		case <-t.C:
 		}
-		if d.p.kind == kindCluster {
+		d.mu.Lock()
+		isDown := d.state == down
+		d.mu.Unlock()
+		if isDown && d.p.kind == kindCluster {
 			// The node may have been replaced by a replica.
 			d.p.cluster.ReloadState(d.p.ctx)
 		}
 		if d.stopProbing() {
 			return
 		}
-		if d.ping(max(interval, minProbeTimeout)) == nil {
-			d.markUp()
-		}
+		d.probeOnce(max(interval, minProbeTimeout))
 		if d.stopProbing() {
 			return
 		}
@@ -263,13 +405,42 @@ func (d *dest) probe() {
 	}
 }
 
+// probeOnce asks the server whether it answers, within timeout, and
+// marks the destination up if it does. When servers may be slow, the
+// question goes first on a watch connection of the probe's own (see
+// verify), whose reply
+// is read on time however late this process runs: a server that answers
+// within the slow round trip is then asked again through the client
+// before it is marked up; one that answers later, within slowProbeWait,
+// is slow; one that does not, down.
+func (d *dest) probeOnce(timeout time.Duration) {
+	s := d.p.slowRoundTrip
+	if s <= 0 {
+		if d.ping(timeout) == nil {
+			d.markUp()
+		}
+		return
+	}
+	v := d.probeVerify(s, max(timeout, slowProbeWait))
+	switch {
+	case v.answeredWithin(s):
+		if d.ping(timeout) == nil {
+			d.markUp()
+		}
+	case v.answered:
+		d.markSlow(fmt.Errorf("%w: %s", ErrSlow, v.describeSlow(s)))
+	default:
+		d.markDown(fmt.Errorf("%w: %s", ErrStalled, v.describe()))
+	}
+}
+
 // stopProbing reports whether the probe goroutine should end, because the
 // destination is up or closed, or nobody has wanted it for dormantAfter;
 // if so it is no longer probing.
 func (d *dest) stopProbing() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.down && !d.closed && time.Since(d.lastUse) <= dormantAfter {
+	if d.state != up && !d.closed && time.Since(d.lastUse) <= dormantAfter {
 		return false
 	}
 	d.probing, d.probeReset = false, false

@@ -61,27 +61,58 @@
 // and its server does not answer a PING either, or when a batch fails with
 // a connection error. The PING goes on a connection of the destination's
 // own, outside the client's pool, and the server has 25 ms (or twice its
-// recent slowest batch time, at most 100 ms) to answer; whether it did is
-// read from the socket without waiting, so that a process short of CPU,
-// whose goroutines run late, does not take a server that answers for one
-// that stopped. A server that answers leaves its batches outstanding: they
-// are late, not lost. For the same reason, a call's own deadline (that of
-// RunBy) is extended, a stall threshold at a time and up to a second, while
-// its server answers such a PING, and no call is sent directly while this
+// recent slowest batch time, at most 100 ms, and at least half of
+// Config.Bound) to answer; whether it did is read from the socket without
+// waiting, so that a process short of CPU, whose goroutines run late,
+// does not take a server that answers for one that stopped. A server that
+// answers in time leaves its batches outstanding: they are late, not lost.
+//
+// With Config.Bound, the bound callers give their calls, a server has a
+// third state: slow, when it answers a PING, but later than three
+// quarters of Bound, which leaves a call no time to be decided within
+// Bound. Calls for a slow destination fail at once, as for one that is
+// down, rather than each waiting out its deadline.
+//
+// A call's own deadline (that of RunBy) is a bound on the server, not on
+// this process: a reply that has come but that a process short of CPU has
+// not read yet is waited for, 20 ms at a time and up to a second past the
+// deadline, while this process is late (the deadline's timer fired late,
+// more goroutines wait to run than there are processors, or a batch was
+// late lately while its server answered at once) and its server answers a
+// PING within 25 ms. A server that answers later gets no more than the
+// deadline. For the same reason, no call is sent directly while this
 // process has more goroutines waiting to run than processors, or was seen
-// late to read replies in the last two seconds. Calls for a destination
-// that is down fail at once with an error that wraps ErrUnavailable and the
-// cause, and so do the calls queued or in flight to it when it goes down.
-// Other destinations carry on. A down destination is probed, first after
+// late to read replies in the last two seconds.
+//
+// Calls for a destination that is down or slow fail at once with an error
+// that wraps ErrUnavailable and the cause (ErrSlow for a slow one), and so
+// do the calls queued or in flight to it when it goes down or slow. Other
+// destinations carry on. Such a destination is probed, first after
 // Config.ProbeInterval and then at doubling intervals up to
 // Config.MaxProbeInterval: a probe opens a connection with the client's
 // dialer, outside its pool and retries, then sends PING through the
-// client. The destination is up again as soon as a probe succeeds or a
-// batch that stalled is answered after all. On
-// a Cluster, a destination going down, and each probe, make the client
-// reload its slot map (ClusterClient.ReloadState), so that calls move to a
-// promoted replica as soon as the cluster has one. Config.OnStateChange
-// hears about every change.
+// client; with Config.Bound, it first sends PING on a connection of its
+// own and reads the reply on time, as a verification does, waiting up to
+// a second: a reply within the slow round trip makes the destination up
+// (after the PING through the client), a later one slow, none down. The
+// destination is up again as soon as a probe succeeds or a batch that
+// stalled is answered after all (within the slow round trip, with
+// Config.Bound). On a Cluster, a destination going down, and each probe
+// of one that is down, make the client reload its slot map
+// (ClusterClient.ReloadState), so that calls move to a promoted replica as
+// soon as the cluster has one. Config.OnStateChange hears about every
+// change.
+//
+// # Round trips that grow
+//
+// When every lane of a destination is busy and none has left for 10 ms, an
+// extra lane (up to 4 beyond MaxInFlight) takes the calls that wait: with
+// a server whose round trip is long, lanes tend to leave together, and a
+// call that just missed them would wait for a whole round trip before its
+// own. With Config.Bound, each destination keeps connections ready in the
+// client's pool for its lanes, extra ones included (a few PINGs through a
+// clone of the client, at creation and every ten minutes): a new
+// connection takes a round trip or two to set up.
 package redispipe
 
 import (
@@ -131,6 +162,10 @@ var (
 	// ErrStalled is the reason a destination went down when one of its
 	// batches was outstanding for longer than the stall threshold.
 	ErrStalled = errors.New("redispipe: batch outstanding too long")
+	// ErrSlow is the reason a destination is slow: its server answers,
+	// but later than the slow round trip (see Config.Bound). The error of
+	// a call for a slow destination wraps both ErrUnavailable and ErrSlow.
+	ErrSlow = errors.New("redispipe: server answers too late")
 	// ErrClosed is returned by Run after Close, and by calls that Close
 	// found waiting.
 	ErrClosed = errors.New("redispipe: closed")
@@ -159,6 +194,21 @@ type Config struct {
 	// server stalling. A batch that was only slow, not lost, marks its
 	// destination up again as soon as it is answered.
 	StallThreshold time.Duration
+	// Bound is how long callers give a call, as the Redis store's
+	// Timeout does; zero means that they give none. When positive (and
+	// stall detection is on), servers have a third state beside up and
+	// down: slow. A server is slow when it answers a PING, but later than
+	// the slow round trip, three quarters of Bound: with batching, a call
+	// may wait for a round trip in flight before its own, so a server
+	// that takes longer cannot decide within Bound. Calls for a slow
+	// server fail at once, as for one that is down, with an error that
+	// wraps ErrUnavailable and ErrSlow, rather than each waiting out its
+	// deadline, until a probe (as for a server that is down) finds it
+	// answering within the slow round trip again. Bound also gives a
+	// stall's PING at least half of it to be answered, so that a server
+	// whose round trip rose but still fits is not taken for one that
+	// stopped.
+	Bound time.Duration
 	// ProbeInterval is the wait before the first probe of a destination
 	// that went down; it doubles after each failed probe, up to
 	// MaxProbeInterval. Zero means DefaultProbeInterval and
@@ -211,6 +261,9 @@ type Pipeliner struct {
 	// busy reports whether this process is short of CPU (processBusy;
 	// tests of direct calls replace it).
 	busy func(now time.Time) bool
+	// slowRoundTrip is three quarters of Config.Bound, or zero: the
+	// longest PING round trip of a server that is up.
+	slowRoundTrip time.Duration
 	// directTimeout bounds the network reads and writes of a direct call;
 	// zero means that direct calls are made only when go-redis honours
 	// the caller's deadline itself.
@@ -251,6 +304,12 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 		p.directTimeout = t
 	case t == 0:
 		p.directTimeout = MaxStallThreshold
+	}
+	if cfg.Bound < 0 {
+		return nil, fmt.Errorf("redispipe: negative Bound %s", cfg.Bound)
+	}
+	if cfg.StallThreshold >= 0 {
+		p.slowRoundTrip = cfg.Bound * 3 / 4
 	}
 	switch c := client.(type) {
 	case *redis.Client:

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -20,14 +21,21 @@ import (
 // hundreds of milliseconds, while timers still fire on time.) So before a
 // destination is marked down for a stall, its server gets a second
 // question: a PING on a connection of the destination's own, its watch
-// connection, outside the client's pool. The server is down only if no
-// byte of a reply has come verifyWait after the PING was written, as a
-// read of the socket that does not wait finds at the moment of the
-// verdict: however late this process runs, that read sees a reply that
-// arrived. The server has verifyWait, or twice its recent slowest batch
-// time if longer (a machine short of CPU may not run it at once either),
-// at most maxVerifyWait, and as long again as the verifying goroutine
-// itself was late to look, up to maxVerifyWait in all.
+// connection, outside the client's pool. How soon the reply came is read
+// at a few marks after the PING was written (verifyWait, then the marks
+// of the question asked: the longest round trip of a server that is up,
+// how long the server has to answer at all): at each, a read of the
+// socket that does not wait tells whether a byte of the reply has come;
+// however late this process runs, that read sees a reply that arrived.
+// The reply is taken as come by the first mark at which such a read
+// finds it. When this goroutine looks later than a mark (it was not
+// scheduled), a reply found then counts for that mark: a process short of
+// CPU gives its servers the benefit of the doubt, and a reply not found
+// at a mark is certainly later than the mark. A server has, to answer at
+// all, the stall verification's wait (see stallWait), and as long again
+// as the verifying goroutine itself was late to look, up to
+// maxVerifyWait in all (a machine short of CPU may not run the server at
+// once either).
 
 const (
 	// verifyWait is how long the server has at least to answer the PING
@@ -69,6 +77,19 @@ type watch struct {
 	dialed  chan struct{}
 	closed  bool
 	buf     [256]byte
+	// done is closed, and replaced, when a verification ends; due is,
+	// while one is under way, when its goroutine is due to run next (to
+	// look at the socket, or give up a dial), in Unix nanoseconds, and 0
+	// otherwise; asking is set while a verification answersSince asked
+	// for is under way, and askedAt is when it was asked for (0
+	// otherwise).
+	done    atomic.Pointer[chan struct{}]
+	due     atomic.Int64
+	asking  atomic.Bool
+	askedAt atomic.Int64
+	// dialTimeout bounds the dials of verifications (zero means
+	// watchDialTimeout).
+	dialTimeout time.Duration
 	// last is the latest verdict, made with a PING written at lastAt.
 	last   verdict
 	lastAt time.Time
@@ -76,32 +97,117 @@ type watch struct {
 
 // verdict is the outcome of a verification.
 type verdict struct {
-	// answered reports whether the server answered the PING within wait;
-	// late, that it had when the read that waited for the reply timed
-	// out, so that this process was late to run.
+	// answered reports whether the server answered the PING by the last
+	// mark; within is then the first mark by which it had (a reply found
+	// by a look later than the mark counts for the mark), and late is set
+	// when that look was late.
 	answered, late bool
-	wait           time.Duration
+	within         time.Duration
+	// beyond is how long after the PING no reply had come yet, for
+	// certain: for a PING not answered, the wait it had.
+	beyond time.Duration
 	// err is why the PING could not be sent, or the read failed.
 	err error
 }
 
-// verify asks the destination's server whether it answers, on the watch
-// connection, dialing it first if needed (once again if it broke), unless
-// the latest verification's PING was written at since or later: its
+// answeredWithin reports whether the verdict says the server answered
+// within x: true if it did by a mark no later than x, false if it had not
+// by x or later (or never did); for an x between the marks the verdict
+// saw, whether it had by the next mark.
+func (v verdict) answeredWithin(x time.Duration) bool {
+	return v.answered && v.within <= x || v.answered && v.beyond < x
+}
+
+// verify asks the destination's server whether it answers, with a PING
+// on the watch connection read at verifyWait and at each of marks
+// (increasing; the last is how long the server has), dialing the
+// connection first if needed (once again if it broke), unless the latest
+// verification's PING was written at since or later and its verdict
+// settles the question: a reply seen, or none by the last of marks. The
 // verdict then stands. Verifications are made one at a time.
-func (d *dest) verify(since time.Time) verdict {
+func (d *dest) verify(since time.Time, marks ...time.Duration) verdict {
+	d.watch.mu.Lock()
+	return d.verifyHeld(&d.watch, since, withFirstMark(marks))
+}
+
+// answersSince reports whether the server answered a PING written at
+// since or later, as the latest verification found or, if it was made
+// earlier, as one made now finds (in the background, unless one is under
+// way or asked for): it waits for that until until. If the server has not
+// answered by then, or now if late is set (the caller's timer fired
+// late), it reports true all the same if this process is short of CPU:
+// if late is set, if the verifying goroutine is overdue (it has not run
+// for more than lagTolerance past when it was due to look at the socket),
+// or if, at until, the verification is still under way while more
+// goroutines wait to run than there are processors. The caller's wait is
+// then this process's lag.
+func (d *dest) answersSince(since, until time.Time, late bool) bool {
 	w := &d.watch
-	w.mu.Lock()
-	if !w.lastAt.IsZero() && !w.lastAt.Before(since) {
+	for {
+		if d.answeredAt.Load() >= since.UnixNano() {
+			return true
+		}
+		done := w.done.Load()
+		if d.p.ctx.Err() == nil && w.asking.CompareAndSwap(false, true) {
+			w.askedAt.Store(time.Now().UnixNano())
+			d.p.wg.Add(1)
+			go func() {
+				defer d.p.wg.Done()
+				d.verify(since, verifyWait)
+				w.askedAt.Store(0)
+				w.asking.Store(false)
+			}()
+		}
+		now := time.Now()
+		// When the verifying goroutine is due to run next: to look at the
+		// socket, to give up a dial, or to start the verification asked
+		// for.
+		due := w.due.Load()
+		if due == 0 {
+			due = w.askedAt.Load()
+		}
+		if late || due != 0 && now.UnixNano() > due+int64(lagTolerance) {
+			return true
+		}
+		if !now.Before(until) || done == nil {
+			// A verification still under way, while more goroutines wait
+			// to run than there are processors, is late too: the
+			// goroutine that reads its reply waits behind them.
+			return due != 0 && d.p.busy(now)
+		}
+		t := time.NewTimer(until.Sub(now))
+		select {
+		case <-*done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// probeVerify is verify on the probe's own connection, which a probe
+// waits on for up to slowProbeWait without holding up the verifications
+// of stalls and deadlines.
+func (d *dest) probeVerify(marks ...time.Duration) verdict {
+	d.probeWatch.mu.Lock()
+	return d.verifyHeld(&d.probeWatch, time.Now(), withFirstMark(marks))
+}
+
+// verifyHeld is verify on w, whose mu the caller holds; it unlocks it.
+func (d *dest) verifyHeld(w *watch, since time.Time, marks []time.Duration) verdict {
+	patience := marks[len(marks)-1]
+	if !w.lastAt.IsZero() && !w.lastAt.Before(since) && (w.last.answered || w.last.beyond >= patience) {
 		v := w.last
+		w.due.Store(0)
 		w.mu.Unlock()
 		return v
 	}
+	w.due.Store(time.Now().UnixNano())
 	if w.conn == nil && w.dialing {
 		// The background dial is under way: its deadline is a long one,
 		// which a process short of CPU needs; a dial of our own would
 		// have a short one.
 		dialed := w.dialed
+		w.due.Store(time.Now().Add(prepareDialTimeout).UnixNano())
 		w.mu.Unlock()
 		t := time.NewTimer(prepareDialTimeout)
 		select {
@@ -112,13 +218,17 @@ func (d *dest) verify(since time.Time) verdict {
 		t.Stop()
 		w.mu.Lock()
 	}
-	d.mu.Lock()
-	wait := min(max(verifyWait, 2*d.peak), maxVerifyWait)
-	d.mu.Unlock()
-	v := w.verifyLocked(d, wait)
-	v.wait = wait
+	v := w.verifyLocked(d, marks)
 	w.last = v
-	lost := w.conn == nil
+	if v.answered {
+		d.answeredAt.Store(w.lastAt.UnixNano())
+	}
+	lost := w.conn == nil && w == &d.watch
+	w.due.Store(0)
+	next := make(chan struct{})
+	if done := w.done.Swap(&next); done != nil {
+		close(*done)
+	}
 	w.mu.Unlock()
 	if lost {
 		d.prepareWatch()
@@ -126,7 +236,23 @@ func (d *dest) verify(since time.Time) verdict {
 	return v
 }
 
-func (w *watch) verifyLocked(d *dest, wait time.Duration) verdict {
+// withFirstMark returns marks (increasing) with verifyWait first, so that
+// every verdict tells whether the server answered within verifyWait.
+func withFirstMark(marks []time.Duration) []time.Duration {
+	if len(marks) > 0 && marks[0] == verifyWait {
+		return marks
+	}
+	out := make([]time.Duration, 0, len(marks)+1)
+	out = append(out, verifyWait)
+	for _, m := range marks {
+		if m > out[len(out)-1] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (w *watch) verifyLocked(d *dest, marks []time.Duration) verdict {
 	for attempt := 0; ; attempt++ {
 		if w.closed {
 			return verdict{err: ErrClosed}
@@ -138,7 +264,7 @@ func (w *watch) verifyLocked(d *dest, wait time.Duration) verdict {
 				return verdict{err: err}
 			}
 		}
-		v, keep := w.pingLocked(wait)
+		v, keep := w.pingLocked(marks)
 		if !keep {
 			w.dropLocked()
 		}
@@ -183,17 +309,23 @@ func (d *dest) prepareWatch() {
 	}()
 }
 
-// closeWatch closes the watch connection for good.
+// closeWatch closes the watch connection, and the probe's, for good.
 func (d *dest) closeWatch() {
-	w := &d.watch
-	w.mu.Lock()
-	w.closed = true
-	w.dropLocked()
-	w.mu.Unlock()
+	for _, w := range []*watch{&d.watch, &d.probeWatch} {
+		w.mu.Lock()
+		w.closed = true
+		w.dropLocked()
+		w.mu.Unlock()
+	}
 }
 
 func (w *watch) dialLocked(d *dest) error {
-	conn, err := d.dialWatch(watchDialTimeout)
+	timeout := w.dialTimeout
+	if timeout == 0 {
+		timeout = watchDialTimeout
+	}
+	w.due.Store(time.Now().Add(timeout).UnixNano())
+	conn, err := d.dialWatch(timeout)
 	if err != nil {
 		return err
 	}
@@ -238,9 +370,11 @@ func socketOf(c net.Conn) (sock syscall.RawConn, sealed bool) {
 	return nil, sealed
 }
 
-// pingLocked sends PING on the watch connection and waits wait for a
-// reply. keep reports whether the connection may serve again.
-func (w *watch) pingLocked(wait time.Duration) (v verdict, keep bool) {
+// pingLocked sends PING on the watch connection and reads its reply at
+// each of marks after it was written (see verdict). keep reports whether
+// the connection may serve again: not after a PING left unanswered,
+// whose late reply could be taken for the next one's.
+func (w *watch) pingLocked(marks []time.Duration) (v verdict, keep bool) {
 	plain := w.sock != nil && !w.sealed
 	if plain {
 		// Bytes of an earlier reply that came late are stale. (A read
@@ -250,57 +384,87 @@ func (w *watch) pingLocked(wait time.Duration) (v verdict, keep bool) {
 			return verdict{err: err}, false
 		}
 	}
+	patience := marks[len(marks)-1]
 	w.lastAt = time.Now()
-	if err := w.conn.SetDeadline(w.lastAt.Add(wait)); err != nil {
+	if err := w.conn.SetDeadline(w.lastAt.Add(patience)); err != nil {
 		return verdict{err: err}, false
 	}
 	if _, err := w.conn.Write(pingCommand); err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			// The server does not even read.
-			return verdict{}, false
+			return verdict{beyond: patience}, false
 		}
 		return verdict{err: err}, false
 	}
-	n, err := w.conn.Read(w.buf[:])
-	if n > 0 {
-		// A reply, +PONG or an error such as -NOAUTH: the server answers.
-		// The rest of a reply read in part is drained next time, from
-		// a plain socket; another connection serves again only whole.
-		return verdict{answered: true}, plain || w.buf[n-1] == '\n'
+	// The marks count from the moment the PING was written, which may be
+	// later than lastAt in a process short of CPU.
+	sent := time.Now()
+	// got returns the verdict of a reply seen at a mark.
+	got := func(mark time.Duration, late bool, n int) (verdict, bool) {
+		// A reply, +PONG or an error such as -NOAUTH: the server
+		// answers. The rest of a reply read in part is drained next
+		// time, from a plain socket; another connection serves again
+		// only whole.
+		return verdict{answered: true, late: late, within: mark, beyond: v.beyond}, plain || n < 0 || w.buf[n-1] == '\n'
 	}
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		return verdict{err: err}, false
-	}
-	if w.sock == nil {
-		return verdict{}, false
-	}
-	// The read timed out, which says nothing if this goroutine was not
-	// scheduled before its deadline: look at the socket itself.
-	deadline := w.lastAt.Add(wait)
-	for {
+	for _, mark := range marks {
+		if mark <= v.beyond {
+			continue // known to have had no reply by then
+		}
+		deadline := sent.Add(mark)
+		w.due.Store(deadline.UnixNano())
+		_ = w.conn.SetReadDeadline(deadline)
+		n, err := w.conn.Read(w.buf[:])
+		if n > 0 {
+			return got(mark, false, n)
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return verdict{err: err}, false
+		}
+		if w.sock == nil {
+			v.beyond = mark
+			continue
+		}
+		// The read timed out, which says nothing if this goroutine was
+		// not scheduled before its deadline: look at the socket itself.
 		_ = w.conn.SetReadDeadline(time.Time{})
+		now := time.Now()
 		pending, err := peek(w.sock, w.buf[:])
 		switch {
 		case err != nil:
 			return verdict{err: err}, false
 		case pending:
-			return verdict{answered: true, late: true}, plain
+			return got(mark, now.Sub(deadline) > lagTolerance, -1)
 		}
-		// Nothing yet. If this goroutine woke late, the machine is short
-		// of CPU, and so may the server be: it gets as long again as
-		// this goroutine was late, up to maxVerifyWait in all.
+		v.beyond = now.Sub(sent)
+	}
+	// Nothing by the last mark. If this goroutine woke late, the machine
+	// is short of CPU, and so may the server be: it gets as long again as
+	// this goroutine was late, up to maxVerifyWait in all.
+	deadline := sent.Add(patience)
+	for w.sock != nil {
 		now := time.Now()
 		late := now.Sub(deadline)
-		if late <= lagTolerance || now.Sub(w.lastAt) >= maxVerifyWait {
-			// A late reply is drained before the next PING.
-			return verdict{}, plain
+		if late <= lagTolerance || now.Sub(sent) >= maxVerifyWait {
+			break
 		}
-		deadline = now.Add(min(late, maxVerifyWait-now.Sub(w.lastAt)))
+		deadline = now.Add(min(late, maxVerifyWait-now.Sub(sent)))
+		w.due.Store(deadline.UnixNano())
 		_ = w.conn.SetReadDeadline(deadline)
 		if n, err := w.conn.Read(w.buf[:]); n > 0 {
-			return verdict{answered: true, late: true}, plain || w.buf[n-1] == '\n'
+			return got(patience, true, n)
 		} else if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return verdict{err: err}, false
 		}
+		_ = w.conn.SetReadDeadline(time.Time{})
+		now = time.Now()
+		if pending, err := peek(w.sock, w.buf[:]); err != nil {
+			return verdict{err: err}, false
+		} else if pending {
+			return got(patience, true, -1)
+		}
+		v.beyond = now.Sub(sent)
 	}
+	v.beyond = max(v.beyond, patience)
+	return v, false
 }

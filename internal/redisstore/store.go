@@ -223,7 +223,9 @@ type Config struct {
 	Timeout time.Duration
 	// Pipeline configures the batching of decisions and the health of
 	// each server (see package redispipe). Its OnStateChange hears when a
-	// server goes down or comes back.
+	// server goes down or slow, or comes back. Its Bound, if zero, is
+	// Timeout: a server that answers later than three quarters of
+	// Timeout is slow, and decisions for it fail at once.
 	Pipeline redispipe.Config
 }
 
@@ -323,7 +325,13 @@ func New(client redis.Scripter, cfg Config) (*Store, error) {
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	if !s.detach {
-		p, err := redispipe.New(client, cfg.Pipeline)
+		pc := cfg.Pipeline
+		if pc.Bound == 0 && s.timeout > 0 {
+			// The bound of every decision is the bound a server must
+			// answer within to be up: one that answers later is slow.
+			pc.Bound = s.timeout
+		}
+		p, err := redispipe.New(client, pc)
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: %w", err)
 		}

@@ -1,0 +1,440 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/delayproxy"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/keyfunc"
+	"github.com/sluicehq/sluice/middleware"
+)
+
+// grayCase is a run of the outage tests' load (see resilience_test.go)
+// against a Redis that answers, but late, for a while: a standalone
+// server, or one master of a three-master Cluster, reached through a delay
+// proxy (package delayproxy) that is fast during warm, delays every byte
+// by delay each way (or, with a negative delay, forwards nothing, as when
+// packets are dropped) during slow, and is fast again during after.
+type grayCase struct {
+	name    string
+	cluster bool
+	delay   time.Duration
+	// rate and goroutines shape the load (startLoadAt).
+	rate, goroutines  int
+	warm, slow, after time.Duration
+	policy            middleware.FailurePolicy
+	// poolSize is the go-redis clients' PoolSize; 0 keeps go-redis's
+	// default.
+	poolSize int
+	// srv or cl, if set, is the server the case uses (with a key prefix
+	// of its own) instead of starting one.
+	srv *redistest.Server
+	cl  *redistest.ClusterServer
+	// burn, if set, keeps a CPU-bound goroutine per processor running
+	// for the whole case: this process is short of CPU throughout.
+	burn bool
+}
+
+// stopped is grayCase.delay for a link that forwards nothing.
+const stopped = -1
+
+// interval is how often each goroutine of the load sends a request.
+func (c grayCase) interval() time.Duration {
+	return time.Second * time.Duration(c.goroutines) / time.Duration(c.rate)
+}
+
+func (c grayCase) delayName() string {
+	if c.delay < 0 {
+		return "dropped"
+	}
+	return c.delay.String()
+}
+
+// grayRun is what a grayCase saw.
+type grayRun struct {
+	outcomes []outcome
+	// slowAt and fastAt are when the link became slow and fast again.
+	slowAt, fastAt time.Time
+	// onSlow selects the requests whose counters the slow server holds:
+	// all of them, on a standalone server.
+	onSlow func(outcome) bool
+	// timeout is the store's Timeout.
+	timeout time.Duration
+	// events are the store's health changes, with when they came.
+	events []string
+}
+
+// runGray runs c, with its own servers, and returns what the load saw.
+func runGray(t *testing.T, c grayCase) grayRun {
+	t.Helper()
+	ctx := context.Background()
+	run := grayRun{timeout: 100 * time.Millisecond, onSlow: func(outcome) bool { return true }}
+	var (
+		proxy  *delayproxy.Proxy
+		client redis.Scripter
+		prefix string
+	)
+	if !c.cluster {
+		srv := c.srv
+		if srv == nil {
+			srv = redistest.Standalone(t)
+		}
+		proxy = delayproxy.Start(t, srv.Addr(), 0)
+		rc := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: c.poolSize})
+		t.Cleanup(func() { _ = rc.Close() })
+		client, prefix = rc, srv.Prefix(t)
+	} else {
+		cl := c.cl
+		if cl == nil {
+			cl = redistest.Cluster(t)
+		}
+		victim, err := cl.MasterForSlot(ctx, bucketSlot(loadKey(0)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy = delayproxy.Start(t, victim.Addr(), 0)
+		// The client reaches the victim through the proxy, the other
+		// masters directly.
+		dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Minute}
+		client = cl.Client(t, &redis.ClusterOptions{PoolSize: c.poolSize,
+			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if addr == victim.Addr() {
+					addr = proxy.Addr()
+				}
+				return dialer.DialContext(ctx, network, addr)
+			}})
+		prefix = cl.Prefix(t)
+		on := make([]bool, loadKeys)
+		for i := range on {
+			m, err := cl.MasterForSlot(ctx, bucketSlot(loadKey(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			on[i] = m == victim
+		}
+		run.onSlow = func(o outcome) bool { return on[o.key] }
+	}
+	store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeStore(t, store)
+	start := time.Now()
+	var evMu sync.Mutex
+	var events []string
+	store.AddObserver(&middleware.Hooks{OnStoreHealth: func(e middleware.HealthEvent) {
+		state := "down"
+		switch {
+		case e.Up:
+			state = "up"
+		case e.Slow:
+			state = "slow"
+		}
+		evMu.Lock()
+		events = append(events, fmt.Sprintf("%v %s %s", time.Since(start).Round(time.Millisecond), e.Server, state))
+		evMu.Unlock()
+	}})
+	lim := newLimiter(t, middleware.Limit{Requests: 20, Window: 10 * time.Second}, keyfunc.RemoteIP(),
+		middleware.WithStore(store), middleware.WithFailurePolicy(c.policy))
+
+	if c.burn {
+		t.Cleanup(burnCPU())
+	}
+	l := startLoadAt(t, lim, loadKey, c.rate, c.goroutines)
+	time.Sleep(c.warm)
+	run.slowAt = time.Now()
+	if c.delay < 0 {
+		proxy.Stop()
+	} else {
+		proxy.SetDelay(c.delay)
+	}
+	time.Sleep(c.slow)
+	run.fastAt = time.Now()
+	proxy.SetDelay(0)
+	time.Sleep(c.after)
+	run.outcomes = l.finish()
+	evMu.Lock()
+	run.events = append(run.events, events...)
+	evMu.Unlock()
+	return run
+}
+
+// grayFigures are the figures of a grayRun's slow phase, for the
+// requests its filter keeps.
+type grayFigures struct {
+	// started counts the requests started in the phase; offered adds
+	// those the load's goroutines could not send while a request held
+	// them (a goroutine misses the ticks of its ticker while it waits),
+	// but not those this process was too busy to send.
+	started, offered int
+	// held counts those that took more than 50 ms; worst is the longest.
+	held  int
+	worst time.Duration
+	// undecided counts those decided by the failure policy.
+	undecided int
+	// onTime counts those answered within the store's Timeout plus
+	// 25 ms, beyond the scheduling lag of this process while they ran;
+	// late is the longest any took beyond that lag.
+	onTime int
+	late   time.Duration
+	// recovery is how long after the link was fast again the requests
+	// were decided by Redis for good (-1 if they never were).
+	recovery time.Duration
+}
+
+// figures sums up the slow phase of r for the requests keep selects, sent
+// by goroutines that each send one every interval.
+func (r grayRun) figures(interval time.Duration, keep func(outcome) bool) grayFigures {
+	var f grayFigures
+	bound := r.timeout + 25*time.Millisecond
+	for _, o := range r.outcomes {
+		if o.at.Before(r.slowAt) || !o.at.Before(r.fastAt) || keep != nil && !keep(o) {
+			continue
+		}
+		f.started++
+		f.offered += 1 + int(o.took/interval)
+		if o.took > 50*time.Millisecond {
+			f.held++
+		}
+		f.worst = max(f.worst, o.took)
+		if !o.decided {
+			f.undecided++
+		}
+		if o.took <= bound+o.lag {
+			f.onTime++
+		}
+		f.late = max(f.late, o.took-o.lag)
+	}
+	f.recovery = -1
+	if d, ok := firstDecidedAfter(r.outcomes, r.fastAt, keep); ok {
+		f.recovery = d
+	}
+	return f
+}
+
+// TestGrayTable measures, under the conditions of BENCHMARKS.md's table of
+// a slow Redis, what the load sees while a standalone Redis is slow: 2,000
+// requests a second from 64 goroutines over 300 clients, go-redis and the
+// store at their default options, the link delayed for 5 s after 3 s, then
+// fast for 2 s. It only logs figures; set SLUICE_GRAY=1 to run it (about
+// 50 s, one case after the other).
+func TestGrayTable(t *testing.T) {
+	if os.Getenv("SLUICE_GRAY") == "" {
+		t.Skip("set SLUICE_GRAY=1 to measure the slow-Redis table")
+	}
+	t.Log("| D (each way) | started in the 5 s (of ~10,000 offered) | held > 50 ms | worst | undecided | answered within Timeout + 25 ms beyond lag | worst beyond lag | decided again after fast |")
+	for _, d := range []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, stopped} {
+		c := grayCase{delay: d, rate: loadRate, goroutines: loadGoroutines,
+			warm: 3 * time.Second, slow: 5 * time.Second, after: 2 * time.Second}
+		t.Run(c.delayName(), func(t *testing.T) {
+			r := runGray(t, c)
+			f := r.figures(c.interval(), nil)
+			t.Logf("| %s | %d | %d | %v | %d | %d (%.1f %%) | %v | %v |", c.delayName(), f.started, f.held,
+				f.worst.Round(time.Millisecond), f.undecided, f.onTime, 100*float64(f.onTime)/float64(f.offered),
+				f.late.Round(time.Millisecond), f.recovery.Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "%s: %+v\n", c.delayName(), f)
+		})
+	}
+}
+
+// burnCPU starts a CPU-bound goroutine per processor, which run until
+// stop is called.
+func burnCPU() (stop func()) {
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := uint64(1)
+			for !done.Load() {
+				for range 1000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			_ = x
+		}()
+	}
+	return func() { done.Store(true); wg.Wait() }
+}
+
+// TestSlowRedis runs the outage tests' load, at a quarter of its rate,
+// against a Redis whose link is fast for 1 s, then delays every byte by D
+// each way for 3 s (D = 20, 50, 100, 300 ms, or forwards nothing, as when
+// packets are dropped), then is fast again for 1.5 s: a standalone server,
+// and one master of a three-master Cluster; and once more at 100 ms with
+// this process short of CPU throughout. The cases run in parallel with
+// each other, not with the package's other tests. It asserts the goals
+// below, allowing for this process's scheduling lag (package schedlag) as
+// the outage tests do; when this process went unscheduled for more than
+// grayBusyLag, the machine is too busy for timing to prove anything (its
+// redis-servers starve too), and a missed timing goal is only logged:
+//
+//   - no request is held longer than the store's Timeout (100 ms) plus
+//     25 ms, whatever the phase;
+//   - when the round trip fits the bound (D = 20 ms), at least 99 % of the
+//     slow server's requests are decided by Redis, none held longer than
+//     the round trip plus 25 ms, and the server is never taken as slow or
+//     down;
+//   - when it does not, the server is taken as slow or down and its
+//     requests go to the failure policy: at least 95 % of the requests
+//     the load offered in the slow phase are answered within the bound,
+//     from 300 ms into the phase no more than 1 % wait more than half the
+//     bound, and they are decided by Redis again within 1 s of the link
+//     being fast (always within 3 s);
+//   - on the Cluster, the requests for the other masters' keys are all
+//     decided by Redis, throughout.
+func TestSlowRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slows a real Redis down under load for several seconds")
+	}
+	srv := redistest.Standalone(t)
+	cl := redistest.Cluster(t)
+	type tc struct {
+		name string
+		grayCase
+	}
+	base := grayCase{rate: loadRate / 4, goroutines: loadGoroutines / 4,
+		warm: time.Second, slow: 3 * time.Second, after: 1500 * time.Millisecond, srv: srv, cl: cl}
+	var cases []tc
+	for _, cluster := range []bool{false, true} {
+		for _, d := range []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, stopped} {
+			c := base
+			c.cluster, c.delay = cluster, d
+			name := "standalone/" + c.delayName()
+			if cluster {
+				name = "cluster/" + c.delayName()
+			}
+			cases = append(cases, tc{name, c})
+		}
+	}
+	starved := base
+	starved.delay, starved.burn = 100*time.Millisecond, true
+	cases = append(cases, tc{"standalone/100ms-cpu-starved", starved})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			checkGray(t, c.grayCase, runGray(t, c.grayCase))
+		})
+	}
+}
+
+// grayBusyLag is the scheduling lag of this process past which
+// TestSlowRedis only logs a missed timing goal.
+const grayBusyLag = 50 * time.Millisecond
+
+// checkGray asserts the goals of TestSlowRedis on what c saw.
+func checkGray(t *testing.T, c grayCase, r grayRun) {
+	t.Helper()
+	bound := r.timeout + 25*time.Millisecond
+	var lag time.Duration
+	for _, o := range r.outcomes {
+		lag = max(lag, o.lag)
+	}
+	timing := func(format string, args ...any) {
+		t.Helper()
+		if lag > grayBusyLag {
+			t.Logf("NOT FAILED, the machine was too busy (this process went unscheduled for up to %v): "+format,
+				append([]any{lag.Round(time.Millisecond)}, args...)...)
+			return
+		}
+		t.Errorf(format, args...)
+	}
+	in := func(o outcome, from, to time.Time) bool { return !o.at.Before(from) && o.at.Before(to) }
+	f := r.figures(c.interval(), r.onSlow)
+	t.Logf("D %s: %d requests in the slow phase for the slow server's keys (%d offered): %d decided by Redis, %d answered within %v beyond lag (%.1f %%), worst %v (%v beyond lag); decided again %v after the link was fast; this process went unscheduled for up to %v",
+		c.delayName(), f.started, f.offered, f.started-f.undecided, f.onTime,
+		bound, 100*float64(f.onTime)/float64(max(f.offered, 1)),
+		f.worst.Round(time.Millisecond), f.late.Round(time.Millisecond), f.recovery.Round(time.Millisecond),
+		lag.Round(time.Millisecond))
+	t.Logf("health changes: %v; the slow phase was %v to %v", r.events,
+		r.slowAt.Sub(r.outcomes[0].at).Round(time.Millisecond), r.fastAt.Sub(r.outcomes[0].at).Round(time.Millisecond))
+	if f.started == 0 {
+		t.Fatal("no request for the slow server's keys in the slow phase")
+	}
+
+	// The bound, for every request of the run.
+	var over []outcome
+	for _, o := range r.outcomes {
+		if o.took > bound+o.lag {
+			over = append(over, o)
+		}
+	}
+	if len(over) > 0 {
+		o := over[0]
+		timing("%d of %d requests held longer than %v beyond this process's scheduling lag, e.g. %v (lag %v) at %v into the run",
+			len(over), len(r.outcomes), bound, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond))
+	}
+
+	if c.delay >= 0 && 2*c.delay+25*time.Millisecond < r.timeout {
+		// The round trip fits the bound: decided, without waiting more
+		// than a round trip beyond it.
+		rt := 2*c.delay + 25*time.Millisecond
+		held := 0
+		for _, o := range r.outcomes {
+			if in(o, r.slowAt, r.fastAt) && r.onSlow(o) && o.took > rt+o.lag {
+				held++
+			}
+		}
+		if decided := f.started - f.undecided; decided*100 < 99*f.started {
+			timing("%d of %d requests decided by Redis with a round trip of %v, want at least 99 %%", decided, f.started, 2*c.delay)
+		}
+		if held > 0 {
+			timing("%d requests held longer than the round trip plus 25 ms (%v) beyond lag, want none", held, rt)
+		}
+		if len(r.events) > 0 {
+			timing("health changes %v with a round trip of %v, want none", r.events, 2*c.delay)
+		}
+	} else {
+		if f.undecided == 0 || len(r.events) == 0 {
+			t.Errorf("%d requests went to the failure policy and the health changes were %v: the slow server was not taken as slow or down", f.undecided, r.events)
+		}
+		if f.onTime*100 < 95*f.offered {
+			timing("%d of %d requests offered in the slow phase answered within %v, want at least 95 %%", f.onTime, f.offered, bound)
+		}
+		// Found slow, requests do not wait.
+		waited, after := 0, 0
+		for _, o := range r.outcomes {
+			if in(o, r.slowAt.Add(300*time.Millisecond), r.fastAt) && r.onSlow(o) {
+				after++
+				if o.took > r.timeout/2+o.lag {
+					waited++
+				}
+			}
+		}
+		t.Logf("from 300 ms into the slow phase, %d of %d requests waited more than %v", waited, after, r.timeout/2)
+		if waited*100 > after {
+			timing("%d of %d requests waited more than %v once the server was known slow, want at most 1 %%", waited, after, r.timeout/2)
+		}
+		switch {
+		case f.recovery < 0 || f.recovery > 3*time.Second:
+			t.Errorf("decided by Redis again %v after the link was fast, want within 1 s", f.recovery)
+		case f.recovery > time.Second:
+			timing("decided by Redis again %v after the link was fast, want within 1 s", f.recovery)
+		}
+	}
+	if c.cluster {
+		all := grayRun{outcomes: r.outcomes, slowAt: r.outcomes[0].at, fastAt: time.Now(), timeout: r.timeout}
+		h := all.figures(c.interval(), func(o outcome) bool { return !r.onSlow(o) })
+		t.Logf("the other masters' keys: %d requests, %d undecided, worst %v", h.started, h.undecided, h.worst.Round(time.Millisecond))
+		if h.undecided > 0 {
+			for _, o := range r.outcomes {
+				if !r.onSlow(o) && !o.decided {
+					t.Logf("first undecided at %v: %v", o.at.Sub(r.outcomes[0].at).Round(time.Millisecond), o.err)
+					break
+				}
+			}
+			timing("%d of %d requests for the other masters' keys were not decided by Redis, want none", h.undecided, h.started)
+		}
+	}
+}
