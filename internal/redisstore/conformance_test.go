@@ -74,3 +74,24 @@ func TestTakeBack(t *testing.T) {
 		})
 	})
 }
+
+// TestSettle checks Settle (decide.lua's settle mode) against
+// window.SettleAll, and the decisions after a debt against window.Take, on
+// the suite's table, standalone and on a cluster.
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	t.Run("Standalone", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Shared(t)
+		storetest.RunSettle(t, func(t *testing.T) storetest.Settler {
+			return newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
+		})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.SharedCluster(t)
+		storetest.RunSettle(t, func(t *testing.T) storetest.Settler {
+			return newTestStore(t, cl.Client(t, nil), cl.Prefix(t))
+		})
+	})
+}

@@ -59,7 +59,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 // Refund takes back the costs of charges admitted at at (see TakeAt) with
 // the script takeback.lua, the twin of window.Refund: off a sliding
 // window's count of the window that holds at, a fixed window's count if it
-// is still that window, a token bucket's level. One run per Key (a run
+// is still that window, a token bucket's level, a sliding log's entry of
+// the instant at. One run per Key (a run
 // touches one Redis Cluster slot). It returns an error, and takes nothing
 // back, if a charge has an invalid Limit, a negative Cost or an algorithm
 // that cannot be refunded (window.Refundable); a run that fails leaves its
@@ -109,6 +110,8 @@ func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charg
 				args = append(args, field, codeSliding, int64(c.Cost), l.Window.Milliseconds())
 			case l.Algorithm == window.TokenBucket:
 				args = append(args, field, codeToken, int64(c.Cost), l.Window.Milliseconds())
+			case l.Algorithm == window.SlidingLog:
+				args = append(args, field, codeLog, int64(c.Cost), l.Window.Milliseconds())
 			default: // a fixed window: the start of the window charged
 				ws, _ := l.Bounds(nowMs)
 				args = append(args, field, codeFixed, int64(c.Cost), ws)
