@@ -9,13 +9,14 @@ import (
 	"slices"
 	"strings"
 
+	"time"
+
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
 	"github.com/sluicehq/sluice/keyfunc"
-	"time"
 )
 
 // Rule says which requests are limited, who they are counted against and how
