@@ -63,6 +63,11 @@ import (
 //     region, failed to, found a peer unreachable for longer than the hold
 //     time or reachable again (on the syncer's goroutine); see
 //     RegionEvent.
+//   - Settled: a request with usage limits (Rule.Usage) ended, and the
+//     difference between what it used and what it was charged when
+//     admitted was charged or given back on one of its usage limits,
+//     with the debt it left; see SettleEvent. A request that used just
+//     its estimate settles nothing and has no event.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -89,6 +94,7 @@ type Observer interface {
 	ClientState(overrides, bans int)
 	Synced(e SyncEvent)
 	Region(e RegionEvent)
+	Settled(e SettleEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -152,6 +158,9 @@ func (NopObserver) Synced(SyncEvent) {}
 // Region does nothing.
 func (NopObserver) Region(RegionEvent) {}
 
+// Settled does nothing.
+func (NopObserver) Settled(SettleEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -178,6 +187,7 @@ type Hooks struct {
 	OnClientState     func(overrides, bans int)
 	OnSynced          func(e SyncEvent)
 	OnRegion          func(e RegionEvent)
+	OnSettled         func(e SettleEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -277,6 +287,13 @@ func (h *Hooks) Synced(e SyncEvent) {
 func (h *Hooks) Region(e RegionEvent) {
 	if h != nil && h.OnRegion != nil {
 		h.OnRegion(e)
+	}
+}
+
+// Settled calls OnSettled, if set.
+func (h *Hooks) Settled(e SettleEvent) {
+	if h != nil && h.OnSettled != nil {
+		h.OnSettled(e)
 	}
 }
 
@@ -383,6 +400,12 @@ func (m multiObserver) ClientState(overrides, bans int) {
 func (m multiObserver) Synced(e SyncEvent) {
 	for _, o := range m {
 		o.Synced(e)
+	}
+}
+
+func (m multiObserver) Settled(e SettleEvent) {
+	for _, o := range m {
+		o.Settled(e)
 	}
 }
 

@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/window"
@@ -19,37 +17,8 @@ import (
 // non-nil error means the settle may not have been counted (a run that
 // answered after the deadline was, which errs on the side of counting).
 func (s *Store) Settle(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) error {
-	if !s.detach {
-		_, _, err := s.decide(ctx, now, charges, out, true)
-		return err
-	}
-	ctx, cancel := s.bounded(ctx)
-	defer cancel()
-	if ctx.Done() == nil {
-		_, _, err := s.decide(ctx, now, charges, out, true)
-		return err
-	}
-	// As TakeAt: the goroutine may outlive this call.
-	call := &detachedCall{
-		charges: make([]window.Charge, len(charges)),
-		out:     make([]window.Decision, len(out)),
-		done:    make(chan struct{}),
-	}
-	for i, c := range charges {
-		c.Key = strings.Clone(c.Key)
-		call.charges[i] = c
-	}
-	go func() {
-		defer close(call.done)
-		_, _, call.err = s.decide(ctx, now, call.charges, call.out, true)
-	}()
-	select {
-	case <-call.done:
-		copy(out, call.out)
-		return call.err
-	case <-ctx.Done():
-		return fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
-	}
+	_, _, err := s.decideBounded(ctx, now, charges, out, true)
+	return err
 }
 
 // settleSplit settles charges of several Keys on a client that shards by

@@ -56,6 +56,10 @@
 //	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
 //	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
 //	sluice.region.dropped          Int64Counter                  {counter}                 sluice_region_dropped_total
+//	sluice.usage.settled           Int64Counter                  {unit}     rule, policy   sluice_usage_settled_total
+//	sluice.usage.refunded          Int64Counter                  {unit}     rule, policy   sluice_usage_refunded_total
+//	sluice.usage.debt              Int64Histogram                {unit}     rule, policy   sluice_usage_debt
+//	sluice.usage.settle_errors     Int64Counter                  {settle}   rule           sluice_usage_settle_errors_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -147,6 +151,10 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDropped,
+	UsageSettled,
+	UsageRefunded,
+	UsageDebt,
+	UsageErrors,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -259,6 +267,7 @@ type Metrics struct {
 	sync     syncInstruments     // sync.go
 	clients  clientInstruments   // clients.go
 	region   regionInstruments   // region.go
+	usage    usageInstruments    // usage.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -354,6 +363,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(m.initSync(meter))
 	check(m.initClients(meter))
 	check(m.initRegion(meter))
+	check(m.initUsage(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

@@ -46,6 +46,10 @@
 //	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
 //	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
 //	sluice_region_dropped_total            counter    global counters not synced (too many)
+//	sluice_usage_settled_total{rule,policy}         counter    usage charged after the fact, beyond estimates
+//	sluice_usage_refunded_total{rule,policy}        counter    estimates given back when requests used less
+//	sluice_usage_debt{rule,policy}                  histogram  debt a settle left, in units past the limit
+//	sluice_usage_settle_errors_total{rule}          counter    settles the store failed to count
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -124,6 +128,10 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDroppedTotal,
+	UsageSettledTotal,
+	UsageRefundedTotal,
+	UsageDebt,
+	UsageErrorsTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -220,6 +228,7 @@ type Metrics struct {
 	sync     syncMetrics     // sync.go
 	clients  clientMetrics   // clients.go
 	region   regionMetrics   // region.go
+	usage    usageMetrics    // usage.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -311,6 +320,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.sync = newSyncMetrics(cl)
 	m.clients = newClientMetrics(cl)
 	m.region = newRegionMetrics(cl)
+	m.usage = newUsageMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -451,6 +461,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	cs = append(cs, m.capacity.collectors()...)
 	cs = append(cs, m.sync.collectors()...)
 	cs = append(cs, m.clients.collectors()...)
+	cs = append(cs, m.usage.collectors()...)
 	return append(cs, m.region.collectors()...)
 }
 
