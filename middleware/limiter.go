@@ -38,6 +38,8 @@ type Limiter struct {
 	// syncs is the coordination layer of lease and write-back rules
 	// (sync.go).
 	syncs syncLayer
+	// pauses holds the pauses of a Limiter made WithPauses (pause.go).
+	pauses pauseState
 }
 
 type ruleSet struct {
@@ -78,6 +80,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
+	l.bindPauses()
 	if err := l.SetRules(rules); err != nil {
 		l.cfg.release()
 		return nil, err
@@ -300,6 +303,9 @@ type Result struct {
 	// Elastic reports that the request was admitted past its limit, on
 	// the headroom an elastic limit (Limit.Ceiling) had open.
 	Elastic bool
+	// Paused reports that the request was denied because its key is
+	// paused (Limiter.Pause): RetryAfter is the time left of the pause.
+	Paused bool
 
 	policies string
 	status   int         // the status of a concurrency denial, 0 for 429
@@ -379,6 +385,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	if s.banning && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
 		s.result(res, false, s.charges, s.decisions, s.metas)
 		res.Banned, res.Outcome = true, OutcomeDenied
+		return nil
+	}
+	if l.cfg.pauses && !l.cfg.shadow && len(s.charges) > 0 && l.paused(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Paused, res.Outcome = true, OutcomeDenied
 		return nil
 	}
 	res.Allowed = true // res is zero
