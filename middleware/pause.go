@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/clients"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -41,7 +42,7 @@ func (r *RedisStore) pausedUntil(ctx context.Context, now time.Time, rule, key s
 // process set or saw, in memory (all of them with the memory store), and
 // the store that keeps the fleet's.
 type pauseState struct {
-	table  banTable
+	table  clients.Bans
 	shared pauseStore
 }
 
@@ -50,7 +51,7 @@ func (l *Limiter) bindPauses() {
 	if !l.cfg.pauses {
 		return
 	}
-	l.pauses.table.max = DefaultMaxBans
+	l.pauses.table.Max = DefaultMaxBans
 	l.pauses.shared, _ = l.cfg.store.(pauseStore)
 }
 
@@ -93,10 +94,10 @@ func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration)
 	local := l.localNow(now).UnixMilli()
 	var latest int64
 	var errs []error
-	var done clientID
+	var done clients.ID
 	for i := range s.charges {
 		c := &s.charges[i]
-		id := clientID{c.Name, c.Key}
+		id := clients.ID{Rule: c.Name, Key: c.Key}
 		if id == done {
 			continue // a rule's limits are in a row: its key is paused once
 		}
@@ -110,7 +111,7 @@ func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration)
 				until = u.UnixMilli()
 			}
 		}
-		latest = max(latest, l.pauses.table.set(id, until, local))
+		latest = max(latest, l.pauses.table.Set(id, until, local))
 	}
 	if latest == 0 {
 		return time.Time{}, errors.Join(errs...)
@@ -140,19 +141,19 @@ type readUntil func(ctx context.Context, now time.Time, rule, key string) (time.
 // fleet's. It reports whether one is, and then fills s.decisions: the
 // held charges of that rule and key deny until the hold ends, the others
 // do not bind.
-func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, table *banTable, read readUntil, applies func(*Charge) bool, what string) bool {
+func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, table *clients.Bans, read readUntil, applies func(*Charge) bool, what string) bool {
 	local := l.localNow(now).UnixMilli()
 	found := -1
 	var until int64
-	var checked clientID
+	var checked clients.ID
 	for i := range s.charges {
 		c := &s.charges[i]
-		id := clientID{c.Name, c.Key}
+		id := clients.ID{Rule: c.Name, Key: c.Key}
 		if applies != nil && !applies(c) || id == checked {
 			continue // a rule's limits are in a row: its hold is read once
 		}
 		checked = id
-		if u, ok := table.until(id, local); ok {
+		if u, ok := table.Until(id, local); ok {
 			found, until = i, u
 			break
 		}
@@ -166,7 +167,7 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 			continue
 		}
 		if !u.IsZero() {
-			found, until = i, table.set(id, u.UnixMilli(), local)
+			found, until = i, table.Set(id, u.UnixMilli(), local)
 			break
 		}
 	}
