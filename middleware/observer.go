@@ -68,6 +68,10 @@ import (
 //     admitted was charged or given back on one of its usage limits,
 //     with the debt it left; see SettleEvent. A request that used just
 //     its estimate settles nothing and has no event.
+//   - Outbound: the outbound transport (adapters/outbound) waited for a
+//     request's turn, gave up on one, or heard from the upstream that it
+//     refused one, asked to wait (a pause), or has fewer units left than
+//     the budget held; see OutboundEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -95,6 +99,7 @@ type Observer interface {
 	Synced(e SyncEvent)
 	Region(e RegionEvent)
 	Settled(e SettleEvent)
+	Outbound(e OutboundEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -161,6 +166,9 @@ func (NopObserver) Region(RegionEvent) {}
 // Settled does nothing.
 func (NopObserver) Settled(SettleEvent) {}
 
+// Outbound does nothing.
+func (NopObserver) Outbound(OutboundEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -188,6 +196,7 @@ type Hooks struct {
 	OnSynced          func(e SyncEvent)
 	OnRegion          func(e RegionEvent)
 	OnSettled         func(e SettleEvent)
+	OnOutbound        func(e OutboundEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -294,6 +303,13 @@ func (h *Hooks) Region(e RegionEvent) {
 func (h *Hooks) Settled(e SettleEvent) {
 	if h != nil && h.OnSettled != nil {
 		h.OnSettled(e)
+	}
+}
+
+// Outbound calls OnOutbound, if set.
+func (h *Hooks) Outbound(e OutboundEvent) {
+	if h != nil && h.OnOutbound != nil {
+		h.OnOutbound(e)
 	}
 }
 
@@ -412,6 +428,12 @@ func (m multiObserver) Settled(e SettleEvent) {
 func (m multiObserver) Region(e RegionEvent) {
 	for _, o := range m {
 		o.Region(e)
+	}
+}
+
+func (m multiObserver) Outbound(e OutboundEvent) {
+	for _, o := range m {
+		o.Outbound(e)
 	}
 }
 

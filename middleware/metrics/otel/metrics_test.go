@@ -373,6 +373,7 @@ func TestMetricNames(t *testing.T) {
 	m.ClientState(1, 2)
 	regionEvents(m)
 	usageEvents(m)
+	outboundEvents(m)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -547,6 +547,7 @@ func TestMetricNames(t *testing.T) {
 	m.ClientState(1, 2)
 	regionEvents(m)
 	usageEvents(m)
+	outboundEvents(m)
 
 	mfs, err := reg.Gather()
 	if err != nil {
