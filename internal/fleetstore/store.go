@@ -206,7 +206,7 @@ type Store struct {
 	tick      atomic.Int64
 	evictions atomic.Uint64
 	// blind counts the units admitted blind (fleet.Blind).
-	blind atomic.Int64
+	blind     atomic.Int64
 	syncMu    sync.Mutex
 	stop      chan struct{}
 	done      chan struct{}
