@@ -36,6 +36,8 @@ type Limiter struct {
 	// syncs is the coordination layer of lease and write-back rules
 	// (sync.go).
 	syncs syncLayer
+	// pauses holds the pauses of a Limiter made WithPauses (pause.go).
+	pauses pauseState
 }
 
 type ruleSet struct {
@@ -76,6 +78,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
+	l.bindPauses()
 	if err := l.SetRules(rules); err != nil {
 		l.cfg.release()
 		return nil, err
