@@ -402,20 +402,36 @@ type job struct {
 
 // call makes j's call to the backend.
 func (s *Store) call(ctx context.Context, j *job, call, ms int64) (fleet.Reply, error) {
-	c := fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
-		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
+	c := s.fleetCall(j, call, ms)
 	rep, err := s.cfg.Backend.Fleet(ctx, time.Now().Add(s.cfg.Timeout), &c)
+	s.answered(&rep, err, call)
+	return rep, err
+}
+
+// fleetCall returns job j's call to the backend.
+func (s *Store) fleetCall(j *job, call, ms int64) fleet.Call {
+	return fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
+		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
+}
+
+// answered follows the shared store's clock after a call made at its
+// instant (call < 0).
+func (s *Store) answered(rep *fleet.Reply, err error, call int64) {
 	if err == nil && call < 0 {
-		// The shared store keeps time: follow its clock.
 		s.offset.Store(rep.Now - time.Now().UnixMilli())
 	}
-	return rep, err
 }
 
 // run makes write-back job j's call and merges the reply into entry id
 // of sh, or restores the delta if the call failed.
 func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms int64) error {
 	rep, err := s.call(ctx, j, call, ms)
+	return s.merged(sh, id, j, &rep, err, ms)
+}
+
+// merged merges the reply rep (or error err) to write-back job j into
+// entry id of sh, or restores the delta if the call failed.
+func (s *Store) merged(sh *shard, id ident, j *job, rep *fleet.Reply, err error, ms int64) error {
 	n := j.delta.Prev + j.delta.Curr
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -440,7 +456,7 @@ func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms i
 		s.failUntil.Store(ms + j.b.interval)
 		return err
 	}
-	s.cfg.Merge(l, &v, rep, ms, e.inflight)
+	s.cfg.Merge(l, &v, *rep, ms, e.inflight)
 	e.setView(&v)
 	e.synced = ms
 	return nil
@@ -546,23 +562,37 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 	began := time.Now()
 	var first error
 	var mu sync.Mutex
-	next := make(chan int, len(jobs))
-	for i := range jobs {
+	fail := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+	}
+	// The jobs go by one, or by chunks to a backend that takes many, from
+	// a few goroutines.
+	bb, batch := s.cfg.Backend.(BatchBackend)
+	size, n := 1, workers
+	if batch {
+		size, n = chunk, chunkWorkers
+	}
+	next := make(chan int, len(jobs)/size+1)
+	for i := 0; i < len(jobs); i += size {
 		next <- i
 	}
 	close(next)
 	var wg sync.WaitGroup
-	for w := 0; w < min(workers, len(jobs)); w++ {
+	for w := 0; w < min(n, (len(jobs)+size-1)/size); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				if err := s.runJob(ctx, &jobs[i], call, ms); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
+				if batch {
+					fail(s.runBatch(ctx, bb, jobs[i:min(i+size, len(jobs))], call, ms))
+				} else {
+					fail(s.runJob(ctx, &jobs[i], call, ms))
 				}
 			}
 		}()
@@ -618,11 +648,16 @@ func pushDue(e *entry, ms int64, recent, final bool) bool {
 
 // runJob makes one call of a tick and applies its reply.
 func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
+	rep, err := s.call(ctx, j, call, ms)
+	return s.applyJob(j, &rep, err, ms)
+}
+
+// applyJob applies the reply rep (or error err) to a call of a tick.
+func (s *Store) applyJob(j *job, rep *fleet.Reply, err error, ms int64) error {
 	switch {
 	case j.orphan:
-		rep, err := s.call(ctx, j, call, ms)
 		if err == nil && j.lease {
-			s.granted(nil, j, &rep, ms)
+			s.granted(nil, j, rep, ms)
 		} else if err != nil {
 			if fn := s.cfg.Events.Dropped; fn != nil {
 				fn(j.b.name, j.delta.Prev+j.delta.Curr+j.give)
@@ -630,7 +665,6 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		}
 		return err
 	case j.lease:
-		rep, err := s.call(ctx, j, call, ms)
 		j.sh.mu.Lock()
 		defer j.sh.mu.Unlock()
 		e, _ := j.sh.lookup(j.id)
@@ -641,8 +675,30 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		if err != nil {
 			return err
 		}
-		s.granted(e, j, &rep, ms)
+		s.granted(e, j, rep, ms)
 		return nil
 	}
-	return s.run(ctx, j.sh, j.id, j, call, ms)
+	return s.merged(j.sh, j.id, j, rep, err, ms)
+}
+
+// runBatch makes the calls of jobs at once through a backend that takes
+// many (BatchBackend) and applies their replies.
+func (s *Store) runBatch(ctx context.Context, bb BatchBackend, jobs []job, call, ms int64) error {
+	calls := make([]fleet.Call, len(jobs))
+	ptrs := make([]*fleet.Call, len(jobs))
+	for i := range jobs {
+		calls[i] = s.fleetCall(&jobs[i], call, ms)
+		ptrs[i] = &calls[i]
+	}
+	reps := make([]fleet.Reply, len(jobs))
+	errs := make([]error, len(jobs))
+	bb.FleetAll(ctx, time.Now().Add(s.cfg.Timeout), ptrs, reps, errs)
+	var first error
+	for i := range jobs {
+		s.answered(&reps[i], errs[i], call)
+		if err := s.applyJob(&jobs[i], &reps[i], errs[i], ms); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

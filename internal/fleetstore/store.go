@@ -58,8 +58,10 @@
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
 // at most 128). There is one goroutine per store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
-// runs), and a busy counter's next slice is asked for on a goroutine that
-// lives until the answer; none per counter.
+// runs, or, with a BatchBackend such as the Redis store, sends them in
+// chunks of 256 calls that share script runs, from up to 4), and a busy
+// counter's next slice is asked for on a goroutine that lives until the
+// answer; none per counter.
 package fleetstore
 
 import (
@@ -93,7 +95,11 @@ const (
 	// workers is how many calls the syncer has on their way at once;
 	// the pipeline batches those for one server.
 	workers = 16
-	shards  = 64
+	// chunk is how many calls the syncer sends at once to a BatchBackend,
+	// from chunkWorkers goroutines: chunks of a few hundred share script
+	// runs without holding back for long the decisions queued with them.
+	chunk, chunkWorkers = 256, 4
+	shards              = 64
 )
 
 // Settings are a rule's coordination settings.
@@ -114,6 +120,15 @@ type Settings struct {
 // Backend is the shared store. *redisstore.Store implements it.
 type Backend interface {
 	Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error)
+}
+
+// BatchBackend is a Backend that also takes many calls at once, sharing
+// round trips and script runs, as *redisstore.Store does: the syncer then
+// sends a tick's calls by chunks. The reply and error of calls[i] go to
+// out[i] and errs[i].
+type BatchBackend interface {
+	Backend
+	FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error)
 }
 
 // Exact decides the charges of rules in exact mode.
