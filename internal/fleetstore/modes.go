@@ -160,38 +160,20 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 	return s.run(ctx, sh, id, &j, call, ms)
 }
 
-// cold reports whether lease charge c is to be decided exactly, in the
-// shared store's single call: its counter holds no slice and was not used
-// for two intervals (or ever), so that a slice would cost that call and
-// most likely go back unused, one more. A counter used again within two
-// intervals is busy and leases, starting from 2 units. cold records the
-// use.
-func (s *Store) cold(c *window.Charge, b *binding, ms int64) bool {
-	sh, id := s.locate(c)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := s.entryFor(sh, id, c, b, ms)
-	switch {
-	case e.flags&granting != 0, e.up > ms && (e.uc > 0 || e.flags&full != 0):
-		// A slice, a call on its way, or the fleet's budget spent.
-		return false
-	case e.used != 0 && ms-e.used <= 2*b.interval:
-		e.used = ms
-		return false
-	}
-	e.used = ms
-	e.inflight = 2
-	return true
-}
-
 // takeLease decides charge c from the slice its counter holds, asking
-// for a slice if none is left.
-func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
+// for a slice if none is left; or reports that the counter is cold, for
+// the caller to decide it exactly: its counter holds no slice and was not
+// used for two intervals (or ever), so that a slice would cost the exact
+// store's single call, and likely one more to give back what it left. A
+// counter used again within two intervals is busy, and leases from 2 units
+// on.
+func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (ok, cold bool, err error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
 	for {
 		sh.mu.Lock()
 		e := s.entryFor(sh, id, c, b, ms)
+		last := e.used
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
 			e.uc -= cost
@@ -215,7 +197,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 				// busy counters keep deciding locally.
 				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, 0)
 			}
-			return true, nil
+			return true, false, nil
 		}
 		if e.flags&full != 0 && e.up > ms {
 			// The fleet's budget was spent: deny, as the store did, until
@@ -224,7 +206,12 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			e.setState(st)
 			*out = window.Describe(st, at, b.lim, cost, false)
 			sh.mu.Unlock()
-			return false, nil
+			return false, false, nil
+		}
+		if e.flags&granting == 0 && (e.up <= ms || e.uc == 0) && (last == 0 || ms-last > 2*b.interval) {
+			e.inflight = 2
+			sh.mu.Unlock()
+			return false, true, nil
 		}
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
@@ -233,7 +220,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return false, ctx.Err()
+				return false, false, ctx.Err()
 			}
 		}
 		e.flags |= granting
@@ -241,7 +228,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		sh.mu.Unlock()
 		rep, err := s.grant(ctx, sh, id, call, ms, cost)
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		sh.mu.Lock()
 		e, _ = sh.lookup(id)
@@ -253,7 +240,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		// The fleet's count denies: describe it as exact mode would.
 		st, at := b.lim.Roll(rep.State, ms)
 		*out = window.Describe(st, at, b.lim, cost, false)
-		return false, nil
+		return false, false, nil
 	}
 }
 

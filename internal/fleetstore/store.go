@@ -492,7 +492,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		bs = make([]*binding, 0, len(charges))
 	}
 	local := 0
-	ms, call := int64(0), int64(0)
 	for i := range charges {
 		c := &charges[i]
 		b := s.bind(rules, c, nil)
@@ -500,21 +499,14 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			if err := c.Limit.Validate(); err != nil {
 				return false, err
 			}
-			if local == 0 {
-				ms, call = s.instant(now)
-			}
-			if b.set.Mode == fleet.Lease && s.cold(c, b, ms) {
-				// Decided exactly, with the request's exact charges.
-				b = nil
-			} else {
-				local++
-			}
+			local++
 		}
 		bs = append(bs, b)
 	}
 	if local == 0 {
 		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
+	ms, call := s.instant(now)
 	all := true
 	decided := 0
 	for i := range charges {
@@ -523,10 +515,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			continue
 		}
 		c := &charges[i]
-		var ok bool
+		var ok, cold bool
 		var err error
 		if b.set.Mode == fleet.Lease {
-			ok, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			ok, cold, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			if cold {
+				// Decided exactly, with the request's exact charges.
+				bs[i] = nil
+				local--
+				continue
+			}
 		} else {
 			ok, err = s.takeWriteBack(ctx, ms, call, c, b, &out[i])
 		}
@@ -552,8 +550,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		}
 		return false, nil
 	}
-	if local == len(charges) {
+	switch local {
+	case len(charges):
 		return true, nil
+	case 0:
+		// Every local charge was of a cold counter.
+		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
 	// The exact charges, in one call.
 	var cbuf [8]window.Charge
