@@ -352,6 +352,74 @@ func (l *Limiter) retryUsage(ctx context.Context, now time.Time, s *scratch) boo
 	return ok
 }
 
+// usageLimits returns the rule's usage limits, nil if it has none.
+func (c *compiledRule) usageLimits() []Limit {
+	if c.usage == nil {
+		return nil
+	}
+	return c.usage.Limits
+}
+
+// Charge charges the cost of r to the limits of every rule that applies
+// to it, whatever their counters hold, and decides nothing: a charge that
+// cannot be refused, for a usage reported apart from the request that
+// used it, as Envoy's rate limit filter reports a stream's usage when it
+// ends (apply_on_stream_done) in a call of its own. The cost is the
+// rule's Cost (or CostFunc's), charged on its Limits, and on its usage
+// limits the estimate (Usage.Estimate or EstimateFunc, up to Usage.Max).
+// A counter it takes past its limit is in debt, which the client waits
+// off as after any settle (see Usage).
+//
+// The Result describes the binding limit after the charge (the fewest
+// requests remaining), with Allowed set; the Observers are told of each
+// limit charged (Settled) but not of a decision. Shadow rules, Deny rules,
+// concurrency limits and adaptive concurrency are not charged. Charge
+// needs a store that can settle (a Settler); it returns an error wrapping
+// keyfunc.ErrNoKey when a rule finds no key, and one wrapping ErrStore
+// when the store fails, and then nothing is counted (whatever the failure
+// policy: a charge has no request to let through).
+func (l *Limiter) Charge(r keyfunc.Request) (Result, error) {
+	var res Result
+	st, ok := l.cfg.store.(Settler)
+	if !ok {
+		return res, fmt.Errorf("sluice: Charge: %T cannot settle costs after the fact", l.cfg.store)
+	}
+	set := l.rules.Load()
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
+	matched, err := l.matchRules(set, r, s, &res)
+	if err != nil {
+		return res, err
+	}
+	if len(s.charges) == 0 {
+		l.unlimited(matched, s, &res)
+		res.Allowed = true
+		return res, nil
+	}
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	s.decisions = grow(s.decisions, len(s.charges))
+	if err := st.Settle(r.Context(), now, s.charges, s.decisions); err != nil {
+		err = fmt.Errorf("%w: %w", ErrStore, err)
+		l.cfg.report(r, err)
+		return Result{Rule: s.charges[0].Name}, err
+	}
+	s.result(&res, true, s.charges, s.decisions, s.metas)
+	res.Outcome = OutcomeAllowed
+	if o := l.cfg.obs; o != nil {
+		for i := range s.charges {
+			rule := s.charges[i].Name
+			if u := s.metas[i].usage; u != nil {
+				rule = u.rule
+			}
+			o.Settled(SettleEvent{Rule: rule, Policy: s.metas[i].name, Units: s.charges[i].Cost, Charged: s.charges[i].Cost, Debt: s.decisions[i].Debt})
+		}
+	}
+	return res, nil
+}
+
 // checkSettler reports an error if set has rules with usage limits and
 // the store cannot settle them.
 func (l *Limiter) checkSettler(set *ruleSet) error {

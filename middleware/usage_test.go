@@ -397,3 +397,40 @@ func TestUsageConfig(t *testing.T) {
 		t.Errorf("usage only: events %+v: want 80 of the estimate given back", events)
 	}
 }
+
+// TestCharge charges a usage reported apart from its request: whatever
+// the counter holds, into debt, which the next decision sees.
+func TestCharge(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var s middleware.Store
+			if store == "redis" {
+				s = redisStoreFor(t)
+			}
+			rule := middleware.Rule{Name: "stream", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100)},
+				CostFunc: func(r keyfunc.Request) int { n, _ := strconv.Atoi(r.Header("X-Tokens")); return n }}
+			lim, ev := usageLimiter(t, s, rule)
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			r.RemoteAddr = "192.0.2.3:1"
+			r.Header.Set("X-Tokens", "130")
+			res, err := lim.Charge(keyfunc.FromHTTP(r))
+			if err != nil || !res.Allowed || res.Remaining != 0 || res.Policy != "stream" {
+				t.Fatalf("Charge: %+v %v", res, err)
+			}
+			if events, _ := ev.take(); len(events) != 1 || events[0].Charged != 130 || events[0].Debt != 30 {
+				t.Fatalf("events %+v", events)
+			}
+			r.Header.Set("X-Tokens", "1")
+			if res, err := lim.Decide(keyfunc.FromHTTP(r)); err != nil || res.Allowed || res.RetryAfter <= 0 {
+				t.Fatalf("after a charge into debt: %+v %v", res, err)
+			}
+		})
+	}
+	// A store that cannot settle.
+	lim := newLimiter(t, middleware.PerMinute(1), keyfunc.RemoteIP(), middleware.WithStore(&failingStore{}))
+	if _, err := lim.Charge(keyfunc.FromHTTP(get("192.0.2.1:1"))); err == nil {
+		t.Error("Charge on a store that cannot settle: no error")
+	}
+}
