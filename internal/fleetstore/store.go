@@ -419,12 +419,9 @@ func recentSlot(c *window.Charge) int {
 
 // locate returns the shard and identity of charge c's counter.
 func (s *Store) locate(c *window.Charge) (*shard, ident) {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(c.Key)
-	h.WriteByte(0)
-	h.WriteString(c.Name)
-	k := h.Sum64()
+	// Two hashes of strings, mixed: a maphash.Hash would copy both into
+	// its buffer first.
+	k := mix64(maphash.String(s.seed, c.Key) + 0x9e3779b97f4a7c15*maphash.String(s.seed, c.Name))
 	ser := c.Limit.Series()
 	id := ident{h1: k ^ ser*0x9e3779b97f4a7c15, h2: mix64(k + ser)}
 	return &s.shards[id.h2%shards], id
