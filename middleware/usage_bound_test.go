@@ -127,8 +127,8 @@ func TestUsageBound(t *testing.T) {
 				}
 				over := used.Load() - limit
 				worst = max(worst, over)
-				t.Logf("round %d: %d admitted, %d tokens used of %d: %d over, bound %d over (%d in flight at most)",
-					round, admitted.Load(), used.Load(), limit, over, bound-limit, inFlight)
+				t.Logf("%s round %d: %d admitted, %d tokens used of %d: %d over, bound %d over (%d in flight at most)",
+					mode, round, admitted.Load(), used.Load(), limit, over, bound-limit, inFlight)
 				if used.Load() > bound {
 					t.Errorf("round %d: %d tokens used in one window, bound %d", round, used.Load(), bound)
 				}
