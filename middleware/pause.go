@@ -84,39 +84,57 @@ func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration)
 	if d < time.Millisecond {
 		return time.Time{}, fmt.Errorf("sluice: Pause: %s is less than 1ms", d)
 	}
-	s := scratchPool.Get().(*scratch)
-	defer s.release()
-	var res Result
-	if _, err := l.matchRules(l.rules.Load(), r, s, &res); err != nil {
+	keys, err := l.Keys(r)
+	if err != nil {
 		return time.Time{}, err
 	}
 	now := l.clock()
 	local := l.localNow(now).UnixMilli()
 	var latest int64
 	var errs []error
-	var done clients.ID
-	for i := range s.charges {
-		c := &s.charges[i]
-		id := clients.ID{Rule: c.Name, Key: c.Key}
-		if id == done {
-			continue // a rule's limits are in a row: its key is paused once
-		}
-		done = id
+	for _, k := range keys {
 		until := local + d.Milliseconds()
 		if sh := l.pauses.shared; sh != nil {
-			u, err := sh.setPause(ctx, now, c.Name, c.Key, d)
+			u, err := sh.setPause(ctx, now, k.Rule, k.Key, d)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%w: pause rule %q: %w", ErrStore, c.Name, err))
+				errs = append(errs, fmt.Errorf("%w: pause rule %q: %w", ErrStore, k.Rule, err))
 			} else {
 				until = u.UnixMilli()
 			}
 		}
-		latest = max(latest, l.pauses.table.Set(id, until, local))
+		latest = max(latest, l.pauses.table.Set(clients.ID(k), until, local))
 	}
 	if latest == 0 {
 		return time.Time{}, errors.Join(errs...)
 	}
 	return time.UnixMilli(latest), errors.Join(errs...)
+}
+
+// RuleKey names the counters of one client under one rule: the rule's
+// name and the key its key function produced.
+type RuleKey struct{ Rule, Key string }
+
+// Keys returns the rules and keys that r would be charged under by its
+// rate limits (not its shadow rules, nor rules with only a concurrency
+// limit), each once, in the order of the rules, without deciding or
+// charging anything: the rules that apply to r are matched and their key
+// functions run, as Decide does. It returns the error Decide would for a
+// key that cannot be computed.
+func (l *Limiter) Keys(r keyfunc.Request) ([]RuleKey, error) {
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
+	var res Result
+	if _, err := l.matchRules(l.rules.Load(), r, s, &res); err != nil {
+		return nil, err
+	}
+	var out []RuleKey
+	for i := range s.charges {
+		c := &s.charges[i]
+		if k := (RuleKey{c.Name, c.Key}); len(out) == 0 || out[len(out)-1] != k {
+			out = append(out, k) // a rule's limits are in a row
+		}
+	}
+	return out, nil
 }
 
 // paused checks the request's charges for a pause in force, in memory and

@@ -99,8 +99,11 @@ func New(lim *middleware.Limiter, o Options) (*Transport, error) {
 
 // RoundTrip sends req once the Limiter admits it. A request the Limiter
 // cannot admit in time is not sent: RoundTrip closes its body and returns
-// a *WaitError; one it cannot decide (no key, or the store failed and the
-// Limiter fails closed) likewise, with the Limiter's error. The response's
+// a *WaitError; one it cannot decide likewise, with the Limiter's error: a
+// request without a key at once, and while the store fails (with a
+// Limiter that fails closed, middleware.FailClosed) once the store has
+// failed until the end of the request's wait, asked again every 5 to
+// 100ms meanwhile. The response's
 // body must be closed, as always: closing it ends the request for the
 // Limiter (Result.Finish), giving back its concurrency slots.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -145,12 +148,34 @@ func (t *Transport) admit(req *http.Request) (middleware.Result, error) {
 	var p *place
 	defer func() { t.queues.leave(p) }()
 	waited := false
+	if t.queues.len() > 0 {
+		// Requests wait: if some wait for one of r's keys, r takes its
+		// place behind them before it asks the Limiter.
+		var err error
+		if p, err = t.behind(r); err != nil {
+			return middleware.Result{}, err
+		}
+		if p != nil {
+			if err := waitTurn(ctx, p, time.Time{}, nil); err != nil {
+				return middleware.Result{}, t.ended(p.id.rule, 0, false, start, req)
+			}
+			waited = true
+		}
+	}
+	backoff := storeBackoff
 	for {
 		res, err := t.lim.Decide(r)
 		if err != nil {
 			if errors.Is(err, middleware.ErrGaveUp) {
 				// It left a leaky bucket's queue before its turn.
-				return res, t.ended(&res, start, req)
+				return res, t.ended(res.Rule, res.RetryAfter, res.Paused, start, req)
+			}
+			if errors.Is(err, middleware.ErrStore) && sleep(ctx, backoff) == nil {
+				// The store failed and the Limiter fails closed: ask
+				// again shortly, within the wait's bound.
+				backoff = min(2*backoff, maxStoreBackoff)
+				waited = true
+				continue
 			}
 			return res, fmt.Errorf("outbound: %w", err)
 		}
@@ -180,9 +205,32 @@ func (t *Transport) admit(req *http.Request) (middleware.Result, error) {
 			freed = t.queues.whenFreed()
 		}
 		if err := waitTurn(ctx, p, wake, freed); err != nil {
-			return res, t.ended(&res, start, req)
+			return res, t.ended(res.Rule, res.RetryAfter, res.Paused, start, req)
 		}
 		waited = true
+	}
+}
+
+// The waits between two questions to a Limiter whose store failed (and
+// that fails closed): doubling from storeBackoff up to maxStoreBackoff.
+const (
+	storeBackoff    = 5 * time.Millisecond
+	maxStoreBackoff = 100 * time.Millisecond
+)
+
+// sleep waits d, or until ctx is done, or returns ctx's error at once
+// when its deadline comes before d has passed.
+func sleep(ctx context.Context, d time.Duration) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return context.DeadlineExceeded
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -197,6 +245,9 @@ func waitTurn(ctx context.Context, p *place, wake time.Time, freed <-chan struct
 	d := time.Until(wake)
 	if d <= 0 {
 		return nil
+	}
+	if freed == nil {
+		return sleep(ctx, d)
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -218,12 +269,34 @@ func (t *Transport) tooLong(res *middleware.Result, start time.Time) error {
 // ended is the error of a request whose wait ended before its turn,
 // reported to the observers: the error of the caller's context, or
 // ErrTooLong when only the maximum wait ran out.
-func (t *Transport) ended(res *middleware.Result, start time.Time, req *http.Request) error {
+func (t *Transport) ended(rule string, retryAfter time.Duration, paused bool, start time.Time, req *http.Request) error {
 	err := context.Cause(req.Context())
 	if err == nil {
 		err = ErrTooLong
 	}
-	return t.report(&WaitError{Rule: res.Rule, RetryAfter: res.RetryAfter, Waited: time.Since(start), Paused: res.Paused, Err: err})
+	return t.report(&WaitError{Rule: rule, RetryAfter: retryAfter, Waited: time.Since(start), Paused: paused, Err: err})
+}
+
+// behind gives r the last place of the first queue in which requests of
+// one of its keys wait, if any does; it returns ErrTooManyWaiting (a
+// WaitError) when MaxWaiting requests wait already. A request whose keys
+// cannot be computed goes on to the Limiter, which says why.
+func (t *Transport) behind(r *Request) (*place, error) {
+	keys, err := t.lim.Keys(r)
+	if err != nil {
+		return nil, nil
+	}
+	for _, k := range keys {
+		id := queueID{k.Rule, k.Key}
+		if !t.queues.has(id) {
+			continue
+		}
+		if p := t.queues.join(id); p != nil {
+			return p, nil
+		}
+		return nil, &WaitError{Rule: k.Rule, Err: ErrTooManyWaiting}
+	}
+	return nil, nil
 }
 
 func (t *Transport) report(e *WaitError) error {

@@ -15,20 +15,23 @@ import (
 // Limiter admitted with res (package internal/ratefields reads the
 // fields, as untrusted input):
 //
-//   - a 429, or a 503 with Retry-After, is reported (OutboundRefused);
+//   - a refusal is reported (OutboundRefused): a 429, or a 403 or 503 that
+//     says why (a Retry-After, or no requests left, as GitHub answers);
 //   - with a Retry-After of more than zero, the request's keys are paused
 //     for that long (capped at MaxPause), for the whole fleet: one write
 //     per key;
 //   - otherwise, when the upstream says a budget of requests or tokens
-//     has nothing left until a reset while the Limiter's budget still had
-//     some (or the upstream refused the request), the keys are paused
-//     until the reset;
+//     has nothing left until a reset while the Limiter's budget still
+//     had a clear share of its own (aheadShare) or the upstream refused
+//     the request, the keys are paused until the reset;
 //   - a quota the upstream announces (RateLimit-Policy) below the rule's
 //     lowers the rule's limits for the key (followPolicies).
 func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.Response) {
 	f := ratefields.Parse(resp.Header, time.Now())
 	status := resp.StatusCode
-	refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && f.HasRetryAfter
+	refused := status == http.StatusTooManyRequests ||
+		(status == http.StatusForbidden || status == http.StatusServiceUnavailable) &&
+			(f.HasRetryAfter || f.Requests.Known() && f.Requests.Remaining == 0)
 	if refused {
 		t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundRefused, Rule: res.Rule, Status: status})
 	}
@@ -36,7 +39,7 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 	switch {
 	case refused && f.RetryAfter > 0:
 		pause = f.RetryAfter
-	case res.Remaining > 0 || status == http.StatusTooManyRequests:
+	case refused || res.Remaining >= aheadShare(res.Limit.Capacity()):
 		for _, b := range [...]ratefields.Budget{f.Requests, f.Tokens} {
 			if b.Known() && b.Remaining == 0 {
 				pause = max(pause, b.Reset)
@@ -59,6 +62,17 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 		t.followPolicies(ctx, res, resp.Header.Get(ratefields.RateLimitPolicy), f.Policies)
 	}
 }
+
+// aheadShare is how many units the Limiter's budget must still have held
+// for an upstream's "none left" to pause a key before the upstream
+// refuses anything: 5% of the limit, at least 2. A budget spent to its
+// last units on both sides is the normal state of a fleet that uses all
+// of an upstream's quota, and the two counts differ by a unit or two
+// while requests are in flight (or, in lease mode, by the slices other
+// processes hold); a pause then (Retry-After and resets come in whole
+// seconds) would cost far more than the refusal it might spare, which
+// pauses the keys anyway.
+func aheadShare(capacity int) int { return max(2, capacity/20) }
 
 // followFor is how long a limit lowered to an upstream's announced quota
 // holds without being announced again; announced again, it is renewed
@@ -134,10 +148,17 @@ func (t *Transport) limitsOf(rule, key string) []middleware.Limit {
 }
 
 // lower returns limits with each lowered to the quotas of ps that bind it,
-// and by how many units per window they were lowered in all. A quota of q
-// per window w binds a limit of n per window W at q × W / w when w ≤ W
-// (the upstream's windows fit in ours), and at q when w > W (a window of
-// ours fits in the upstream's); policies without a window bind nothing.
+// less a margin, and by how many units per window they were lowered in
+// all. A quota of q per window w binds a limit of n per window W at
+// q' = q × W / w when w ≤ W (the upstream's windows fit in ours), and at
+// q' = q when w > W (a window of ours fits in the upstream's); policies
+// without a window bind nothing. The limit becomes q' less 1% of it (at
+// least 1 unit, and never below 1): the upstream counts requests when
+// they arrive and the Limiter when it admits them, so the two windows
+// are out of step by the network's delay, and a budget spent to its last
+// unit at the edge of one is refused at the edge of the other (a margin
+// of one unit in a hundred absorbs some milliseconds of delay and jitter
+// at a hundred a second; BENCHMARKS.md, "Outbound").
 func lower(limits []middleware.Limit, ps []ratefields.Policy) ([]middleware.Limit, int) {
 	out := make([]middleware.Limit, len(limits))
 	units := 0
@@ -156,7 +177,8 @@ func lower(limits []middleware.Limit, ps []ratefields.Policy) ([]middleware.Limi
 			if p.Window < span {
 				q = q * float64(span) / float64(p.Window)
 			}
-			bound = min(bound, max(math.Floor(q), 1))
+			q = math.Floor(q)
+			bound = min(bound, max(q-max(math.Ceil(q/100), 1), 1))
 		}
 		if n := int(bound); n < l.Requests {
 			units += l.Requests - n
