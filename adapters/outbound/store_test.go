@@ -50,4 +50,3 @@ func TestStoreDown(t *testing.T) {
 		t.Errorf("arrivals %v: want before, then patient after the store came back", tags(got))
 	}
 }
-

@@ -13,7 +13,9 @@ import (
 func TestLower(t *testing.T) {
 	t.Parallel()
 	perSec := func(n int) middleware.Limit { return middleware.PerSecond(n) }
-	pol := func(q int64, w time.Duration) ratefields.Policy { return ratefields.Policy{Name: "p", Quota: q, Window: w} }
+	pol := func(q int64, w time.Duration) ratefields.Policy {
+		return ratefields.Policy{Name: "p", Quota: q, Window: w}
+	}
 	for _, tc := range []struct {
 		name   string
 		limits []middleware.Limit
