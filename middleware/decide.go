@@ -191,10 +191,13 @@ func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Reques
 // open, or could not be decided: err).
 func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
 	s.decisions = grow(s.decisions, len(s.charges))
-	if s.counting != nil && s.counting.any(s.charges) {
+	if s.usage || s.counting != nil && s.counting.any(s.charges) {
 		s.atp = &s.at
 	}
 	allowed, err := l.takeElastic(ctx, now, s)
+	if err == nil && !allowed && s.usage {
+		allowed = l.retryUsage(ctx, now, s)
+	}
 	if err == nil {
 		if !allowed && s.banning && !l.cfg.shadow {
 			res.Banned = l.startBans(ctx, now, r, s)
@@ -258,8 +261,8 @@ func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	}
 	if res.Allowed {
 		res.hold = d.hold
-		if s.counting != nil && !s.at.IsZero() {
-			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges)
+		if (s.counting != nil || s.usage) && !s.at.IsZero() {
+			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges, s.metas)
 		}
 	} else {
 		d.hold.releaseNow()
@@ -386,7 +389,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	if rule.Concurrency > 0 {
 		s.slots = append(s.slots, slotRequest{rule: rule, key: key, shadow: rule.Shadow})
-		if len(rule.limits) == 0 && rule.LimitsFunc == nil {
+		if len(rule.limits) == 0 && rule.LimitsFunc == nil && rule.usage == nil {
 			return nil
 		}
 	}
@@ -425,6 +428,9 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 			m.prepared = prepared[i]
 		}
 		*metas = append(*metas, m)
+	}
+	if rule.usage != nil {
+		s.addUsage(rule.usage, key, r)
 	}
 	return nil
 }
@@ -483,6 +489,11 @@ type scratch struct {
 	// the steps of decide.
 	counting countingRules
 	banning  bool
+	// usage is set when a charge is of a usage limit (Rule.Usage);
+	// usageAlt and usageDec are retryUsage's.
+	usage    bool
+	usageAlt []Charge
+	usageDec []Decision
 	overloadScratch
 }
 
@@ -493,6 +504,10 @@ type chargeMeta struct {
 	nominal  *Limit // the rule's own, never written to
 	policy   string
 	prepared *headerwrite.Prepared // nil for a LimitsFunc's limits
+	// usage is the rule's Usage for a usage limit's charge, and estimate
+	// the request's estimate on it.
+	usage    *compiledUsage
+	estimate int
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -512,6 +527,8 @@ func (s *scratch) release() {
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
 	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
+	s.usage = false
+	clear(s.usageAlt)
 	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]

@@ -58,8 +58,10 @@
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
 // at most 128). There is one goroutine per store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
-// runs), and a busy counter's next slice is asked for on a goroutine that
-// lives until the answer; none per counter.
+// runs, or, with a BatchBackend such as the Redis store, sends them in
+// chunks of 256 calls that share script runs, from up to 4), and a busy
+// counter's next slice is asked for on a goroutine that lives until the
+// answer; none per counter.
 package fleetstore
 
 import (
@@ -93,7 +95,11 @@ const (
 	// workers is how many calls the syncer has on their way at once;
 	// the pipeline batches those for one server.
 	workers = 16
-	shards  = 64
+	// chunk is how many calls the syncer sends at once to a BatchBackend,
+	// from chunkWorkers goroutines: chunks of a few hundred share script
+	// runs without holding back for long the decisions queued with them.
+	chunk, chunkWorkers = 256, 4
+	shards              = 64
 )
 
 // Settings are a rule's coordination settings.
@@ -114,6 +120,15 @@ type Settings struct {
 // Backend is the shared store. *redisstore.Store implements it.
 type Backend interface {
 	Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error)
+}
+
+// BatchBackend is a Backend that also takes many calls at once, sharing
+// round trips and script runs, as *redisstore.Store does: the syncer then
+// sends a tick's calls by chunks. The reply and error of calls[i] go to
+// out[i] and errs[i].
+type BatchBackend interface {
+	Backend
+	FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error)
 }
 
 // Exact decides the charges of rules in exact mode.
@@ -477,7 +492,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		bs = make([]*binding, 0, len(charges))
 	}
 	local := 0
-	ms, call := int64(0), int64(0)
 	for i := range charges {
 		c := &charges[i]
 		b := s.bind(rules, c, nil)
@@ -485,21 +499,14 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			if err := c.Limit.Validate(); err != nil {
 				return false, err
 			}
-			if local == 0 {
-				ms, call = s.instant(now)
-			}
-			if b.set.Mode == fleet.Lease && s.cold(c, b, ms) {
-				// Decided exactly, with the request's exact charges.
-				b = nil
-			} else {
-				local++
-			}
+			local++
 		}
 		bs = append(bs, b)
 	}
 	if local == 0 {
 		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
+	ms, call := s.instant(now)
 	all := true
 	decided := 0
 	for i := range charges {
@@ -508,10 +515,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			continue
 		}
 		c := &charges[i]
-		var ok bool
+		var ok, cold bool
 		var err error
 		if b.set.Mode == fleet.Lease {
-			ok, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			ok, cold, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			if cold {
+				// Decided exactly, with the request's exact charges.
+				bs[i] = nil
+				local--
+				continue
+			}
 		} else {
 			ok, err = s.takeWriteBack(ctx, ms, call, c, b, &out[i])
 		}
@@ -537,8 +550,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		}
 		return false, nil
 	}
-	if local == len(charges) {
+	switch local {
+	case len(charges):
 		return true, nil
+	case 0:
+		// Every local charge was of a cold counter.
+		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
 	// The exact charges, in one call.
 	var cbuf [8]window.Charge
