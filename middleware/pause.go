@@ -129,9 +129,8 @@ func (l *Limiter) Keys(r keyfunc.Request) ([]RuleKey, error) {
 	}
 	var out []RuleKey
 	for i := range s.charges {
-		c := &s.charges[i]
-		if k := (RuleKey{c.Name, c.Key}); len(out) == 0 || out[len(out)-1] != k {
-			out = append(out, k) // a rule's limits are in a row
+		if k := (RuleKey{s.ruleOf(i), s.charges[i].Key}); len(out) == 0 || out[len(out)-1] != k {
+			out = append(out, k) // a rule's limits (and usage limits) are in a row
 		}
 	}
 	return out, nil
@@ -166,7 +165,7 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 	var checked clients.ID
 	for i := range s.charges {
 		c := &s.charges[i]
-		id := clients.ID{Rule: c.Name, Key: c.Key}
+		id := clients.ID{Rule: s.ruleOf(i), Key: c.Key}
 		if applies != nil && !applies(c) || id == checked {
 			continue // a rule's limits are in a row: its hold is read once
 		}
@@ -178,10 +177,10 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 		if read == nil {
 			continue
 		}
-		u, err := read(ctx, now, c.Name, c.Key)
+		u, err := read(ctx, now, id.Rule, c.Key)
 		if err != nil {
 			// The hold cannot be read: the store's decision stands.
-			l.cfg.report(r, fmt.Errorf("%w: read the %s of rule %q: %w", ErrStore, what, c.Name, err))
+			l.cfg.report(r, fmt.Errorf("%w: read the %s of rule %q: %w", ErrStore, what, id.Rule, err))
 			continue
 		}
 		if !u.IsZero() {
@@ -194,14 +193,23 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 	}
 	s.decisions = grow(s.decisions, len(s.charges))
 	left := time.Duration(until-local) * time.Millisecond
-	h := &s.charges[found]
+	h, hr := &s.charges[found], s.ruleOf(found)
 	for j := range s.decisions {
 		s.decisions[j] = Decision{Allowed: true}
-		if c := &s.charges[j]; c.Name == h.Name && c.Key == h.Key && (applies == nil || applies(c)) {
+		if c := &s.charges[j]; s.ruleOf(j) == hr && c.Key == h.Key && (applies == nil || applies(c)) {
 			s.decisions[j] = Decision{ResetAfter: left, RetryAfter: left, NextAfter: left}
 		}
 	}
 	return true
+}
+
+// ruleOf returns the name of the rule of charge i: the charge's Name, or
+// for a usage limit the name of its rule.
+func (s *scratch) ruleOf(i int) string {
+	if u := s.metas[i].usage; u != nil {
+		return u.rule
+	}
+	return s.charges[i].Name
 }
 
 // Key returns the key of the binding limit (see Policy) as the rule's key

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/middleware"
@@ -48,6 +50,13 @@ type Options struct {
 	// IgnoreUpstream, when set, reads none of the upstream's rate-limit
 	// fields: no pauses, no lowered budgets; the Limiter alone decides.
 	IgnoreUpstream bool
+	// Usage, when set, reads from a response what its request used, for
+	// the rules with usage limits (middleware.Rule.Usage: an LLM
+	// provider's tokens): the units, and whether it found them. It is
+	// called when the response's body is closed, once its trailers are
+	// read, and settles the request (middleware.Result.Settle) unless the
+	// request was settled already (Settle, or a rule's Usage.Header).
+	Usage func(resp *http.Response) (units int, ok bool)
 }
 
 // Transport is an http.RoundTripper that sends a request through its base
@@ -60,6 +69,7 @@ type Transport struct {
 	maxWait  time.Duration
 	maxPause time.Duration
 	ignore   bool
+	usage    func(*http.Response) (int, bool)
 	queues   queues
 	follow   follower
 }
@@ -80,7 +90,7 @@ func New(lim *middleware.Limiter, o Options) (*Transport, error) {
 	case o.MaxWaiting < 0:
 		return nil, fmt.Errorf("outbound: MaxWaiting %d is negative", o.MaxWaiting)
 	}
-	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream}
+	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream, usage: o.Usage}
 	if t.base == nil {
 		t.base = http.DefaultTransport
 	}
@@ -124,10 +134,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.heard(req, &res, resp)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil {
-		t.finish(&res, resp.StatusCode)
+		t.finish(&res, resp, false)
 		return resp, nil
 	}
-	resp.Body = &body{ReadCloser: resp.Body, t: t, res: res, status: resp.StatusCode}
+	b := &body{ReadCloser: resp.Body, t: t, res: res, resp: resp}
+	resp.Body = b
+	responses.Store(resp, b)
 	return resp, nil
 }
 
@@ -304,10 +316,21 @@ func (t *Transport) report(e *WaitError) error {
 	return e
 }
 
-// finish ends a request for the Limiter (Result.Finish), and lets the
-// requests that wait for a concurrency slot try again.
-func (t *Transport) finish(res *middleware.Result, status int) {
-	res.Finish(status)
+// finish ends a request for the Limiter: unless the caller settled its
+// usage already (Settle), it settles it from Options.Usage, else from the
+// header or trailer its rule's Usage.Header names; it ends the request
+// (Result.Finish), and lets the requests that wait for a concurrency slot
+// try again.
+func (t *Transport) finish(res *middleware.Result, resp *http.Response, settled bool) {
+	if !settled && t.usage != nil {
+		if units, ok := t.usage(resp); ok {
+			settled = res.Settle(units) != middleware.ErrNoUsage
+		}
+	}
+	if !settled {
+		_ = res.SettleFrom(readOnly{resp})
+	}
+	res.Finish(resp.StatusCode)
 	t.queues.slotFreed()
 }
 
@@ -315,14 +338,59 @@ func (t *Transport) finish(res *middleware.Result, status int) {
 // closed.
 type body struct {
 	io.ReadCloser
-	t      *Transport
-	once   sync.Once
-	res    middleware.Result
-	status int
+	t       *Transport
+	once    sync.Once
+	res     middleware.Result
+	resp    *http.Response
+	settled atomic.Bool // by Settle
 }
 
 func (b *body) Close() error {
 	err := b.ReadCloser.Close()
-	b.once.Do(func() { b.t.finish(&b.res, b.status) })
+	b.once.Do(func() {
+		responses.Delete(b.resp)
+		b.t.finish(&b.res, b.resp, b.settled.Load())
+	})
 	return err
 }
+
+// responses maps the responses whose body is not closed yet to their
+// bodies, for Settle. An http.Client may wrap a response's body (to
+// enforce its Timeout), so the response itself is the key.
+var responses sync.Map // *http.Response → *body
+
+// Settle reports that the request of resp used units in all (the tokens
+// of an LLM's answer, read from its body, say), for the rules with usage
+// limits that applied to it (middleware.Rule.Usage): the difference with
+// its estimate is settled when resp's body is closed, as
+// middleware.Result.Settle does, and Options.Usage and Usage.Header are
+// not read. resp must come from a Transport, its body not closed yet. It
+// returns middleware.ErrNoUsage for any other response or a request with
+// no usage limit, and the errors of middleware.Result.Settle.
+func Settle(resp *http.Response, units int) error {
+	v, ok := responses.Load(resp)
+	if !ok {
+		return middleware.ErrNoUsage
+	}
+	b := v.(*body)
+	err := b.res.Settle(units)
+	if err == nil {
+		b.settled.Store(true)
+	}
+	return err
+}
+
+// readOnly shows a response's header and trailer to
+// middleware.Result.SettleFrom without letting it remove the field the
+// caller may want to read too: a trailer is asked for with
+// http.TrailerPrefix.
+type readOnly struct{ resp *http.Response }
+
+func (h readOnly) Get(key string) string {
+	if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok {
+		return h.resp.Trailer.Get(name)
+	}
+	return h.resp.Header.Get(key)
+}
+
+func (readOnly) Del(string) {}

@@ -24,6 +24,9 @@ import (
 //     has nothing left until a reset while the Limiter's budget still
 //     had a clear share of its own (aheadShare) or the upstream refused
 //     the request, the keys are paused until the reset;
+//   - when it says fewer requests are left than the Limiter's budget held,
+//     by a clear share, the budget follows it until its reset
+//     (followRemaining);
 //   - a quota the upstream announces (RateLimit-Policy) below the rule's
 //     lowers the rule's limits for the key (followPolicies).
 func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.Response) {
@@ -58,8 +61,53 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 			t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundPaused, Rule: res.Rule, Duration: pause})
 		}
 	}
+	if b := f.Requests; pause == 0 && b.Known() && b.Remaining > 0 && b.Reset > 0 &&
+		int64(res.Remaining)-b.Remaining >= int64(aheadShare(res.Limit.Capacity())) {
+		t.followRemaining(ctx, res, int(b.Remaining), min(b.Reset, t.maxPause))
+	}
 	if len(f.Policies) > 0 {
 		t.followPolicies(ctx, res, resp.Header.Get(ratefields.RateLimitPolicy), f.Policies)
+	}
+}
+
+// followRemaining lowers, until the upstream's reset, the limit of the
+// binding rule of res for its key by what the upstream says is left less
+// than the Limiter's budget holds: an override (Limiter.SetOverride; with
+// Redis, for the whole fleet) whose limit is the rule's less the
+// difference, so that the budget has no more left than the upstream for
+// as long as the upstream's count lasts.
+//
+// The difference is taken against the budget as it stands now
+// (Limiter.Peek), not as it stood when res was admitted: the requests
+// admitted since, some of which reached the upstream before res did, are
+// counted in the budget now, and those still on their way are not yet
+// counted upstream, so a difference found now is one the upstream really
+// has (another client of the same account, a stricter limit). res's own
+// Remaining only tells whether to look. It applies to a rule with one
+// limit of requests, binding res (not a usage limit); others rely on the
+// pause at none left.
+func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result, left int, reset time.Duration) {
+	if res.Policy != res.Rule || res.Key() == "" {
+		return // a rule with several limits, or a usage limit, binds
+	}
+	limits := t.limitsOf(res.Rule, res.Key())
+	if len(limits) != 1 {
+		return
+	}
+	st, err := t.lim.Peek(ctx, res.Rule, res.Key())
+	if err != nil || len(st) != 1 {
+		return
+	}
+	cut := st[0].Remaining - left
+	if cut < aheadShare(limits[0].Capacity()) {
+		return
+	}
+	l := limits[0]
+	l.Requests = max(l.Requests-cut, 1)
+	l.Burst = min(l.Burst, l.Requests)
+	o := middleware.Override{Rule: res.Rule, Key: res.Key(), Limits: []middleware.Limit{l}, Until: time.Now().Add(reset)}
+	if err := t.lim.SetOverride(ctx, o); err == nil {
+		t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundLowered, Rule: res.Rule, Units: cut})
 	}
 }
 
