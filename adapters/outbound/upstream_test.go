@@ -310,16 +310,15 @@ func llm(requests, tokens int, window time.Duration) func(w http.ResponseWriter,
 
 // TestLLMLike: an LLM provider that allows 30 requests and 1,000 tokens
 // per second, against a fleet configured for 100 requests and 4,000
-// tokens a second; each request costs 100 tokens, the estimate given with
-// WithCost. When the provider reports no tokens left, the fleet pauses
-// until its reset; refusals are at most the requests in flight.
+// tokens a second; each request uses 100 tokens, reserved with WithCost
+// and settled with what the provider used. When the provider reports no
+// tokens left, the fleet pauses until its reset; refusals are at most the
+// requests in flight.
 func TestLLMLike(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, llm(30, 1000, time.Second))
-	rules := []middleware.Rule{
-		{Name: "llm-requests", Key: outbound.Host(), Limits: []middleware.Limit{middleware.PerSecond(100)}},
-		{Name: "llm-tokens", Key: outbound.Host(), CostFunc: outbound.Cost, Limits: []middleware.Limit{middleware.PerSecond(4000)}},
-	}
+	rules := []middleware.Rule{{Name: "llm", Key: outbound.Host(), Limits: []middleware.Limit{middleware.PerSecond(100)},
+		Usage: &middleware.Usage{Unit: "tokens", Limits: []middleware.Limit{middleware.PerSecond(4000)}, EstimateFunc: outbound.Cost}}}
 	var pauses atomic.Int64
 	lims := fleet(t, 2, rules, middleware.WithObserver(&middleware.Hooks{OnOutbound: func(e middleware.OutboundEvent) {
 		if e.Kind == middleware.OutboundPaused {
@@ -329,7 +328,10 @@ func TestLLMLike(t *testing.T) {
 	var wg sync.WaitGroup
 	var sent, failed atomic.Int64
 	for _, lim := range lims {
-		c := newClient(t, lim, outbound.Options{MaxWait: 5 * time.Second})
+		c := newClient(t, lim, outbound.Options{MaxWait: 5 * time.Second, Usage: func(resp *http.Response) (int, bool) {
+			n, err := strconv.Atoi(resp.Request.Header.Get("X-Tokens")) // a provider reports it in its body
+			return n, err == nil
+		}})
 		for range 3 {
 			wg.Add(1)
 			go func() {
