@@ -89,7 +89,7 @@
 //     anywhere resumes after the pause, not before.
 //   - When the upstream says that a budget (requests, or tokens) has
 //     nothing left until a reset while the Limiter's budget still held a
-//     clear share (5%, at least 2) or the upstream refused the request,
+//     clear share (10%, at least 4) or the upstream refused the request,
 //     the keys are paused until the reset.
 //   - When the upstream says it has fewer requests left than the
 //     Limiter's budget now holds, by that share, the rule's limit is

@@ -191,6 +191,11 @@ func (t *Transport) admit(req *http.Request) (middleware.Result, error) {
 			}
 			return res, fmt.Errorf("outbound: %w", err)
 		}
+		if res.Outcome == middleware.OutcomeFailedOpen && ctx.Err() != nil {
+			// The store failed because the wait's own deadline came
+			// during the decision: not a decision to send on.
+			return res, t.ended(res.Rule, 0, false, start, req)
+		}
 		if res.Allowed {
 			if waited || res.Delay > 0 {
 				t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundWaited, Rule: res.Rule, Duration: time.Since(start)})

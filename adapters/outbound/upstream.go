@@ -107,20 +107,25 @@ func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result,
 	l.Burst = min(l.Burst, l.Requests)
 	o := middleware.Override{Rule: res.Rule, Key: res.Key(), Limits: []middleware.Limit{l}, Until: time.Now().Add(reset)}
 	if err := t.lim.SetOverride(ctx, o); err == nil {
+		// This override replaced one that followed an announced quota,
+		// if there was one: the quota is followed again from the first
+		// answer after this one ends.
+		t.follow.renewAt(queueID{res.Rule, res.Key()}, o.Until)
 		t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundLowered, Rule: res.Rule, Units: cut})
 	}
 }
 
-// aheadShare is how many units the Limiter's budget must still have held
-// for an upstream's "none left" to pause a key before the upstream
-// refuses anything: 5% of the limit, at least 2. A budget spent to its
+// aheadShare is by how many units the Limiter's budget must hold more
+// than the upstream says is left for the transport to act before the
+// upstream refuses anything (a pause at none left, a budget lowered to the
+// upstream's count): 10% of the limit, at least 4. A budget spent to its
 // last units on both sides is the normal state of a fleet that uses all
-// of an upstream's quota, and the two counts differ by a unit or two
-// while requests are in flight (or, in lease mode, by the slices other
-// processes hold); a pause then (Retry-After and resets come in whole
-// seconds) would cost far more than the refusal it might spare, which
-// pauses the keys anyway.
-func aheadShare(capacity int) int { return max(2, capacity/20) }
+// of an upstream's quota, and the two counts differ by a few units while
+// requests are in flight, when the two windows are out of step, or (in
+// lease mode) by the slices other processes hold; acting then (a pause
+// lasts whole seconds, as Retry-After and resets come) would cost far
+// more than the refusal it might spare, which pauses the keys anyway.
+func aheadShare(capacity int) int { return max(4, capacity/10) }
 
 // followFor is how long a limit lowered to an upstream's announced quota
 // holds without being announced again; announced again, it is renewed
@@ -157,6 +162,17 @@ func (f *follower) due(id queueID, policy string, now time.Time) bool {
 	}
 	f.seen[id] = followed{policy, now.Add(followFor / 2)}
 	return true
+}
+
+// renewAt has the policy announced for id acted on again from the first
+// answer at or after at.
+func (f *follower) renewAt(id queueID, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st, ok := f.seen[id]; ok {
+		st.refresh = at
+		f.seen[id] = st
+	}
 }
 
 // followPolicies lowers the limits of the binding rule of res, for its
