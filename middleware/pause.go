@@ -75,8 +75,9 @@ func (l *Limiter) PausesEnabled() bool { return l.cfg.pauses }
 // several keys), or the zero time if no rate limit applies to r. It
 // returns an error for a limiter made without WithPauses (ErrNoPauses), d
 // below a millisecond, a request whose keys cannot be computed (as Decide
-// would), or a store failure (wrapping ErrStore), after which the pause
-// holds in this Limiter only.
+// would), or a store failure (wrapping ErrStore, and reported to the
+// Observers as StoreFailed), after which the pause holds in this Limiter
+// only.
 func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration) (time.Time, error) {
 	if !l.cfg.pauses {
 		return time.Time{}, ErrNoPauses
@@ -97,7 +98,9 @@ func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration)
 		if sh := l.pauses.shared; sh != nil {
 			u, err := sh.setPause(ctx, now, k.Rule, k.Key, d)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%w: pause rule %q: %w", ErrStore, k.Rule, err))
+				err = fmt.Errorf("%w: pause rule %q: %w", ErrStore, k.Rule, err)
+				l.cfg.report(r, err)
+				errs = append(errs, err)
 			} else {
 				until = u.UnixMilli()
 			}
