@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/usage"
@@ -218,9 +220,25 @@ type compiledUsage struct {
 }
 
 // usageSuffix separates a rule's name from its usage unit in the Name of
-// the usage limits' counters: a character no rule name has, so that no
-// rule's counters can be another's.
-const usageSuffix = "~"
+// the usage limits' counters: "~" is a character no rule name has, so
+// that no rule's counters can be another's, and the word keeps them apart
+// from an elastic limit's headroom ("~elastic").
+const usageSuffix = "~usage~"
+
+// usageCharge reports whether c is a charge of a usage limit.
+func usageCharge(c *Charge) bool { return strings.Contains(c.Name, usageSuffix) }
+
+// anyUsage reports whether a charge is of a usage limit: their denials are
+// never remembered by the deny cache, since a usage limit whose estimate
+// does not fit still admits while its budget is not spent (retryUsage).
+func anyUsage(charges []Charge) bool {
+	for i := range charges {
+		if usageCharge(&charges[i]) {
+			return true
+		}
+	}
+	return false
+}
 
 var unitPattern = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 
@@ -350,6 +368,115 @@ func (l *Limiter) retryUsage(ctx context.Context, now time.Time, s *scratch) boo
 		copy(s.decisions, s.usageDec)
 	}
 	return ok
+}
+
+// usageLimits returns the rule's usage limits, nil if it has none.
+func (c *compiledRule) usageLimits() []Limit {
+	if c.usage == nil {
+		return nil
+	}
+	return c.usage.Limits
+}
+
+// Charge charges the cost of r to the limits of every rule that applies
+// to it, whatever their counters hold, and decides nothing: a charge that
+// cannot be refused, for a usage reported apart from the request that
+// used it, as Envoy's rate limit filter reports a stream's usage when it
+// ends (apply_on_stream_done) in a call of its own. The cost is the
+// rule's Cost (or CostFunc's), charged on its Limits, and on its usage
+// limits the estimate (Usage.Estimate or EstimateFunc, up to Usage.Max).
+// A counter it takes past its limit is in debt, which the client waits
+// off as after any settle (see Usage).
+//
+// The Result describes the binding limit after the charge (the fewest
+// requests remaining), with Allowed set; the Observers are told of each
+// limit charged (Settled) but not of a decision. Shadow rules, Deny rules,
+// concurrency limits and adaptive concurrency are not charged. Charge
+// needs a store that can settle (a Settler); it returns an error wrapping
+// keyfunc.ErrNoKey when a rule finds no key, and one wrapping ErrStore
+// when the store fails, and then nothing is counted (whatever the failure
+// policy: a charge has no request to let through).
+func (l *Limiter) Charge(r keyfunc.Request) (Result, error) {
+	var res Result
+	st, ok := l.cfg.store.(Settler)
+	if !ok {
+		return res, fmt.Errorf("sluice: Charge: %T cannot settle costs after the fact", l.cfg.store)
+	}
+	set := l.rules.Load()
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
+	matched, err := l.matchRules(set, r, s, &res)
+	if err != nil {
+		return res, err
+	}
+	if len(s.charges) == 0 {
+		l.unlimited(matched, s, &res)
+		res.Allowed = true
+		return res, nil
+	}
+	var now time.Time
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	s.decisions = grow(s.decisions, len(s.charges))
+	if err := st.Settle(r.Context(), now, s.charges, s.decisions); err != nil {
+		err = fmt.Errorf("%w: %w", ErrStore, err)
+		l.cfg.report(r, err)
+		return Result{Rule: s.charges[0].Name}, err
+	}
+	s.result(&res, true, s.charges, s.decisions, s.metas)
+	res.Outcome = OutcomeAllowed
+	if o := l.cfg.obs; o != nil {
+		for i := range s.charges {
+			rule := s.charges[i].Name
+			if u := s.metas[i].usage; u != nil {
+				rule = u.rule
+			}
+			o.Settled(SettleEvent{Rule: rule, Policy: s.metas[i].name, Units: s.charges[i].Cost, Charged: s.charges[i].Cost, Debt: s.decisions[i].Debt})
+		}
+	}
+	return res, nil
+}
+
+// settleThroughFleet makes the usage of a request decided by the
+// coordination layer (rules in lease or write-back mode) settle through
+// it: at the instant it was decided on this server's clock, for what is
+// given back, and with the layer as its store, which charges the
+// write-back counters' views (pushed with their other counts), the lease
+// counters' slices, and the exact store for the rest. A request the local
+// fallback decided (FailLocal) settles with the fallback.
+func (l *Limiter) settleThroughFleet(fs *fleetstore.Store, now time.Time, s *scratch) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	s.at = now
+	if s.store == nil {
+		s.store = fleetSettler{fs}
+	}
+}
+
+// fleetSettler settles through the coordination layer; see
+// settleThroughFleet.
+type fleetSettler struct{ fs *fleetstore.Store }
+
+func (f fleetSettler) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return f.fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+func (f fleetSettler) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	ok, err := f.Take(ctx, now, charges, out)
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return ok, now, err
+}
+
+func (f fleetSettler) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return f.fs.Refund(ctx, at, internalCharges(charges))
+}
+
+func (f fleetSettler) Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error {
+	return f.fs.Settle(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
 // checkSettler reports an error if set has rules with usage limits and

@@ -397,3 +397,118 @@ func TestUsageConfig(t *testing.T) {
 		t.Errorf("usage only: events %+v: want 80 of the estimate given back", events)
 	}
 }
+
+// TestCharge charges a usage reported apart from its request: whatever
+// the counter holds, into debt, which the next decision sees.
+func TestCharge(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var s middleware.Store
+			if store == "redis" {
+				s = redisStoreFor(t)
+			}
+			rule := middleware.Rule{Name: "stream", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100)},
+				CostFunc: func(r keyfunc.Request) int { n, _ := strconv.Atoi(r.Header("X-Tokens")); return n }}
+			lim, ev := usageLimiter(t, s, rule)
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			r.RemoteAddr = "192.0.2.3:1"
+			r.Header.Set("X-Tokens", "130")
+			res, err := lim.Charge(keyfunc.FromHTTP(r))
+			if err != nil || !res.Allowed || res.Remaining != 0 || res.Policy != "stream" {
+				t.Fatalf("Charge: %+v %v", res, err)
+			}
+			if events, _ := ev.take(); len(events) != 1 || events[0].Charged != 130 || events[0].Debt != 30 {
+				t.Fatalf("events %+v", events)
+			}
+			r.Header.Set("X-Tokens", "1")
+			if res, err := lim.Decide(keyfunc.FromHTTP(r)); err != nil || res.Allowed || res.RetryAfter <= 0 {
+				t.Fatalf("after a charge into debt: %+v %v", res, err)
+			}
+		})
+	}
+	// A store that cannot settle.
+	lim := newLimiter(t, middleware.PerMinute(1), keyfunc.RemoteIP(), middleware.WithStore(&failingStore{}))
+	if _, err := lim.Charge(keyfunc.FromHTTP(get("192.0.2.1:1"))); err == nil {
+		t.Error("Charge on a store that cannot settle: no error")
+	}
+}
+
+// TestUsageStreamCancelled streams tokens as server-sent events through
+// the middleware, each flushed, to clients that go away after a few: the
+// handler sees its context end and settles what it produced, which is
+// what is charged; a client that reads to the end is charged all of it.
+func TestUsageStreamCancelled(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var s middleware.Store
+			if store == "redis" {
+				s = redisStoreFor(t)
+			}
+			lim, ev := usageLimiter(t, s, chatRule())
+			const tokens = 50
+			produced := make(chan int, 8)
+			srv := httptest.NewServer(lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				n := 0
+				defer func() {
+					produced <- n
+					if err := middleware.Settle(r.Context(), n); err != nil {
+						t.Errorf("Settle(%d): %v", n, err)
+					}
+				}()
+				for n < tokens {
+					if _, err := fmt.Fprintf(w, "data: token %d\n\n", n); err != nil {
+						return
+					}
+					if err := http.NewResponseController(w).Flush(); err != nil {
+						return
+					}
+					n++
+					select {
+					case <-r.Context().Done():
+						return
+					case <-time.After(2 * time.Millisecond):
+					}
+				}
+			})))
+			t.Cleanup(srv.Close)
+			stream := func(read int) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				for i := 0; i < read; i++ {
+					buf := make([]byte, len(fmt.Sprintf("data: token %d\n\n", i)))
+					if _, err := io.ReadFull(resp.Body, buf); err != nil {
+						t.Fatalf("read %d: %v", i, err)
+					}
+				}
+				cancel() // the client goes away mid-stream
+			}
+			stream(5)
+			first := <-produced
+			stream(tokens)
+			second := <-produced
+			if first < 5 || first >= tokens || second != tokens {
+				t.Fatalf("produced %d then %d, want at least 5 but not all, then all %d", first, second, tokens)
+			}
+			var events []middleware.SettleEvent
+			for deadline := time.Now().Add(5 * time.Second); len(events) < 2 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				e, _ := ev.take()
+				events = append(events, e...)
+			}
+			// Estimate 100: both give back what they did not produce.
+			if len(events) != 2 || events[0].Units != first || events[0].Charged != first-100 || events[1].Units != tokens || events[1].Charged != tokens-100 {
+				t.Fatalf("events %+v: want %d and %d tokens settled", events, first, tokens)
+			}
+		})
+	}
+}

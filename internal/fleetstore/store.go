@@ -419,12 +419,9 @@ func recentSlot(c *window.Charge) int {
 
 // locate returns the shard and identity of charge c's counter.
 func (s *Store) locate(c *window.Charge) (*shard, ident) {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(c.Key)
-	h.WriteByte(0)
-	h.WriteString(c.Name)
-	k := h.Sum64()
+	// Two hashes of strings, mixed: a maphash.Hash would copy both into
+	// its buffer first.
+	k := mix64(maphash.String(s.seed, c.Key) + 0x9e3779b97f4a7c15*maphash.String(s.seed, c.Name))
 	ser := c.Limit.Series()
 	id := ident{h1: k ^ ser*0x9e3779b97f4a7c15, h2: mix64(k + ser)}
 	return &s.shards[id.h2%shards], id
@@ -589,27 +586,36 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 // undo gives back, locally, what the admitted local charges counted.
 func (s *Store) undo(charges []window.Charge, bs []*binding, out []window.Decision, ms int64) {
 	for i := range charges {
-		b, c := bs[i], &charges[i]
-		if b == nil || !out[i].Allowed || c.Cost == 0 {
-			continue
+		if bs[i] != nil && out[i].Allowed {
+			s.giveBack(&charges[i], bs[i])
 		}
-		sh, id := s.locate(c)
-		sh.mu.Lock()
-		if e, _ := sh.lookup(id); e != nil {
-			cost := int64(c.Cost)
-			if b.set.Mode == fleet.Lease {
-				e.uc += cost
-			} else {
-				if b.lim.Algorithm == window.TokenBucket {
-					e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
-				} else {
-					e.cc = max(0, e.cc-cost)
-				}
-				e.uc = max(0, e.uc-cost)
-			}
-		}
-		sh.mu.Unlock()
 	}
+}
+
+// giveBack takes the cost of c, a charge of a rule in a fleet mode, off
+// its counter in process: back to the slice in lease mode, off the view
+// and what is unsynced in write-back mode (units already pushed stay
+// counted).
+func (s *Store) giveBack(c *window.Charge, b *binding) {
+	if c.Cost == 0 {
+		return
+	}
+	sh, id := s.locate(c)
+	sh.mu.Lock()
+	if e, _ := sh.lookup(id); e != nil {
+		cost := int64(c.Cost)
+		if b.set.Mode == fleet.Lease {
+			e.uc += cost
+		} else {
+			if b.lim.Algorithm == window.TokenBucket {
+				e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
+			} else {
+				e.cc = max(0, e.cc-cost)
+			}
+			e.uc = max(0, e.uc-cost)
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // Busy reports whether a lease call or a waited-for push of some counter
