@@ -92,10 +92,10 @@
 //     clear share (10%, at least 4) or the upstream refused the request,
 //     the keys are paused until the reset.
 //   - When the upstream says it has fewer requests left than the
-//     Limiter's budget now holds, by that share, the rule's limit is
-//     lowered by the difference for the key until the upstream's reset:
-//     the budget follows the upstream's count (Limiter.SetOverride: with
-//     Redis, for the whole fleet).
+//     Limiter's budget now holds, by that share, and announces no quota,
+//     the rule's limit is lowered by the difference for the key until the
+//     upstream's reset: the budget follows the upstream's count
+//     (Limiter.SetOverride: with Redis, for the whole fleet).
 //   - When the upstream announces a quota (RateLimit-Policy) below the
 //     rule's limit, the rule's limits are lowered to it, less a margin of
 //     1% (at least 1 unit) for the delay between the Limiter's count and

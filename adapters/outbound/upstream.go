@@ -25,8 +25,8 @@ import (
 //     had a clear share of its own (aheadShare) or the upstream refused
 //     the request, the keys are paused until the reset;
 //   - when it says fewer requests are left than the Limiter's budget held,
-//     by a clear share, the budget follows it until its reset
-//     (followRemaining);
+//     by a clear share, and announces no quota, the budget follows it
+//     until its reset (followRemaining);
 //   - a quota the upstream announces (RateLimit-Policy) below the rule's
 //     lowers the rule's limits for the key (followPolicies).
 func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.Response) {
@@ -61,7 +61,7 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 			t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundPaused, Rule: res.Rule, Duration: pause})
 		}
 	}
-	if b := f.Requests; pause == 0 && b.Known() && b.Remaining > 0 && b.Reset > 0 &&
+	if b := f.Requests; pause == 0 && len(f.Policies) == 0 && b.Known() && b.Remaining > 0 && b.Reset > 0 &&
 		int64(res.Remaining)-b.Remaining >= int64(aheadShare(res.Limit.Capacity())) {
 		t.followRemaining(ctx, res, int(b.Remaining), min(b.Reset, t.maxPause))
 	}
@@ -86,6 +86,12 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 // Remaining only tells whether to look. It applies to a rule with one
 // limit of requests, binding res (not a usage limit); others rely on the
 // pause at none left.
+//
+// An upstream that announces its quota (RateLimit-Policy) is followed by
+// that instead (followPolicies), and its count is not: the two would
+// replace each other's override, and between the end of the one that
+// followed the count and the next answer the budget would be the rule's
+// own, which a fleet with requests waiting spends at once.
 func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result, left int, reset time.Duration) {
 	if res.Policy != res.Rule || res.Key() == "" {
 		return // a rule with several limits, or a usage limit, binds
@@ -107,10 +113,6 @@ func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result,
 	l.Burst = min(l.Burst, l.Requests)
 	o := middleware.Override{Rule: res.Rule, Key: res.Key(), Limits: []middleware.Limit{l}, Until: time.Now().Add(reset)}
 	if err := t.lim.SetOverride(ctx, o); err == nil {
-		// This override replaced one that followed an announced quota,
-		// if there was one: the quota is followed again from the first
-		// answer after this one ends.
-		t.follow.renewAt(queueID{res.Rule, res.Key()}, o.Until)
 		t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundLowered, Rule: res.Rule, Units: cut})
 	}
 }
@@ -162,17 +164,6 @@ func (f *follower) due(id queueID, policy string, now time.Time) bool {
 	}
 	f.seen[id] = followed{policy, now.Add(followFor / 2)}
 	return true
-}
-
-// renewAt has the policy announced for id acted on again from the first
-// answer at or after at.
-func (f *follower) renewAt(id queueID, at time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if st, ok := f.seen[id]; ok {
-		st.refresh = at
-		f.seen[id] = st
-	}
 }
 
 // followPolicies lowers the limits of the binding rule of res, for its
