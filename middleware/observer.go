@@ -63,6 +63,15 @@ import (
 //     region, failed to, found a peer unreachable for longer than the hold
 //     time or reachable again (on the syncer's goroutine); see
 //     RegionEvent.
+//   - Settled: a request with usage limits (Rule.Usage) ended, and the
+//     difference between what it used and what it was charged when
+//     admitted was charged or given back on one of its usage limits,
+//     with the debt it left; see SettleEvent. A request that used just
+//     its estimate settles nothing and has no event.
+//   - Outbound: the outbound transport (adapters/outbound) waited for a
+//     request's turn, gave up on one, or heard from the upstream that it
+//     refused one, asked to wait (a pause), or has fewer units left than
+//     the budget held; see OutboundEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -89,6 +98,8 @@ type Observer interface {
 	ClientState(overrides, bans int)
 	Synced(e SyncEvent)
 	Region(e RegionEvent)
+	Settled(e SettleEvent)
+	Outbound(e OutboundEvent)
 }
 
 // HealthEvent reports that a server of a store went down or slow, or came
@@ -158,6 +169,12 @@ func (NopObserver) Synced(SyncEvent) {}
 // Region does nothing.
 func (NopObserver) Region(RegionEvent) {}
 
+// Settled does nothing.
+func (NopObserver) Settled(SettleEvent) {}
+
+// Outbound does nothing.
+func (NopObserver) Outbound(OutboundEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -184,6 +201,8 @@ type Hooks struct {
 	OnClientState     func(overrides, bans int)
 	OnSynced          func(e SyncEvent)
 	OnRegion          func(e RegionEvent)
+	OnSettled         func(e SettleEvent)
+	OnOutbound        func(e OutboundEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -283,6 +302,20 @@ func (h *Hooks) Synced(e SyncEvent) {
 func (h *Hooks) Region(e RegionEvent) {
 	if h != nil && h.OnRegion != nil {
 		h.OnRegion(e)
+	}
+}
+
+// Settled calls OnSettled, if set.
+func (h *Hooks) Settled(e SettleEvent) {
+	if h != nil && h.OnSettled != nil {
+		h.OnSettled(e)
+	}
+}
+
+// Outbound calls OnOutbound, if set.
+func (h *Hooks) Outbound(e OutboundEvent) {
+	if h != nil && h.OnOutbound != nil {
+		h.OnOutbound(e)
 	}
 }
 
@@ -392,9 +425,21 @@ func (m multiObserver) Synced(e SyncEvent) {
 	}
 }
 
+func (m multiObserver) Settled(e SettleEvent) {
+	for _, o := range m {
+		o.Settled(e)
+	}
+}
+
 func (m multiObserver) Region(e RegionEvent) {
 	for _, o := range m {
 		o.Region(e)
+	}
+}
+
+func (m multiObserver) Outbound(e OutboundEvent) {
+	for _, o := range m {
+		o.Outbound(e)
 	}
 }
 

@@ -13,30 +13,43 @@ import (
 func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
+	l := &b.lim
 	sh.mu.Lock()
-	e := s.entryFor(sh, id, c, b)
+	e := s.entryFor(sh, id, c, b, ms)
+	blind := false
 	if e.synced == 0 || ms-e.synced > 2*b.interval {
-		// Never synced, or not for two intervals: read the fleet's count
-		// (pushing what is unsynced) before deciding.
+		// Never synced, or not for two intervals: decide blind, within
+		// this server's share of the bound (fleet.Blind), while the view
+		// is far from the limit; else read the fleet's count (pushing
+		// what is unsynced) before deciding. While Redis fails, decide
+		// from the view.
 		if s.failUntil.Load() <= ms {
-			sh.mu.Unlock()
-			s.push(ctx, sh, id, call, ms)
-			sh.mu.Lock()
-			e = s.entryFor(sh, id, c, b)
+			if blind = s.admitBlind(sh, e, b, ms, cost); !blind {
+				sh.mu.Unlock()
+				s.push(ctx, sh, id, call, ms)
+				sh.mu.Lock()
+				e = s.entryFor(sh, id, c, b, ms)
+			}
 		}
 	}
 	v := e.view()
-	at, ok := v.Take(&b.lim, ms, cost)
+	at, ok := v.Take(l, ms, cost)
 	e.setView(&v)
 	e.used = ms
 	if ok && cost > 0 {
 		sh.enlist(id, e)
+		if !blind {
+			// Blind units are in fleet.Blind's D already.
+			bl := e.blind()
+			bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
+			e.setBlind(bl)
+		}
 	}
 	need := ok && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
 	sh.mu.Unlock()
 	// Described from the copy, without the lock, which every decision on
 	// the counter needs.
-	*out = window.Describe(v.C, at, b.lim, cost, ok)
+	*out = window.Describe(v.C, at, *l, cost, ok)
 	if ok && cost > 0 {
 		if fn := s.cfg.Events.Unsynced; fn != nil {
 			fn(b.name, cost)
@@ -46,6 +59,35 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 		s.pushWaiting(ctx, sh, id, call, ms, b)
 	}
 	return ok, nil
+}
+
+// admitBlind reports whether a request of cost c may be admitted by entry
+// e, whose view was not synced for two intervals, without reading the
+// fleet's count first: if the view, rolled to ms, leaves at least half of
+// the limit after it, and the counter's fleet.Blind has room for it (which
+// it then counts). A counter never synced is not admitted blind in a
+// period (fleet.Blind) in which its shard dropped counters to stay within
+// the table's bound: it may have been dropped with what it admitted blind
+// in the period, and would start afresh. sh must be locked.
+func (s *Store) admitBlind(sh *shard, e *entry, b *binding, ms, c int64) bool {
+	l := &b.lim
+	v := e.view()
+	at := v.Roll(l, ms)
+	if e.synced == 0 && sh.evicted != 0 && sh.evicted >= fleet.BlindPeriodStart(l, ms, v.C.Start) {
+		// The shard dropped counters in this period: this one may have
+		// been among them, with what it admitted blind.
+		return false
+	}
+	if fleet.Remaining(l, v.C, at) < c+int64(l.Requests)/2 {
+		return false
+	}
+	bl := e.blind()
+	ok := bl.Admit(l, ms, v.C.Start, c, v.Unsynced()+e.inflight, b.maxUnsynced)
+	e.setBlind(bl)
+	if ok {
+		s.blind.Add(c)
+	}
+	return ok
 }
 
 // pushWaiting makes the unsynced counts of entry id durable before the
@@ -119,13 +161,19 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 }
 
 // takeLease decides charge c from the slice its counter holds, asking
-// for a slice if none is left.
-func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
+// for a slice if none is left; or reports that the counter is cold, for
+// the caller to decide it exactly: its counter holds no slice and was not
+// used for two intervals (or ever), so that a slice would cost the exact
+// store's single call, and likely one more to give back what it left. A
+// counter used again within two intervals is busy, and leases from 2 units
+// on.
+func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (ok, cold bool, err error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
 	for {
 		sh.mu.Lock()
-		e := s.entryFor(sh, id, c, b)
+		e := s.entryFor(sh, id, c, b, ms)
+		last := e.used
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
 			e.uc -= cost
@@ -149,7 +197,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 				// busy counters keep deciding locally.
 				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, 0)
 			}
-			return true, nil
+			return true, false, nil
 		}
 		if e.flags&full != 0 && e.up > ms {
 			// The fleet's budget was spent: deny, as the store did, until
@@ -158,7 +206,12 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			e.setState(st)
 			*out = window.Describe(st, at, b.lim, cost, false)
 			sh.mu.Unlock()
-			return false, nil
+			return false, false, nil
+		}
+		if e.flags&granting == 0 && (e.up <= ms || e.uc == 0) && (last == 0 || ms-last > 2*b.interval) {
+			e.inflight = 2
+			sh.mu.Unlock()
+			return false, true, nil
 		}
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
@@ -167,7 +220,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return false, ctx.Err()
+				return false, false, ctx.Err()
 			}
 		}
 		e.flags |= granting
@@ -175,7 +228,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		sh.mu.Unlock()
 		rep, err := s.grant(ctx, sh, id, call, ms, cost)
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		sh.mu.Lock()
 		e, _ = sh.lookup(id)
@@ -187,7 +240,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		// The fleet's count denies: describe it as exact mode would.
 		st, at := b.lim.Roll(rep.State, ms)
 		*out = window.Describe(st, at, b.lim, cost, false)
-		return false, nil
+		return false, false, nil
 	}
 }
 
@@ -203,13 +256,7 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need i
 		sh.mu.Unlock()
 		return fleet.Reply{}, nil
 	}
-	if e.up <= ms && e.uc == 0 && need > 0 {
-		// The last slice was spent and has ended: a counter used now and
-		// then starts again from 1 unit, which leaves nothing to give
-		// back.
-		e.inflight = 1
-	}
-	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us}
+	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us, until: ms + life(e, ms, 1)}
 	if e.up <= ms && e.uc > 0 {
 		j.give, e.uc = e.uc, 0
 	}
@@ -236,10 +283,10 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need i
 }
 
 // nextWant is the slice to ask for next for entry e, and doubles the one
-// after, up to the rule's lease: a counter's first slice is 1 unit (a
-// counter used once costs one call, as in exact mode, and nothing to give
-// back), and a busy counter's slices grow to the lease in a few calls.
-// The syncer halves it when a slice ends unused. e's shard must be locked.
+// after, up to the rule's lease: a counter's first slice is 2 units (its
+// first use was decided exactly, see cold), and a busy counter's slices
+// grow to the lease in a few calls. The syncer quarters it when a slice
+// goes back unused. e's shard must be locked.
 func nextWant(e *entry) int64 {
 	w := max(e.inflight, 1)
 	e.inflight = min(2*w, e.b.lease)
@@ -281,9 +328,10 @@ func (s *Store) granted(e *entry, j *job, rep *fleet.Reply, ms int64) {
 		return
 	}
 	e.flags &^= full
-	// The slice lives one interval, and never past the end of the window
-	// it was counted in.
-	until := ms + b.interval
+	// The slice lives one interval, or longer far from the limit
+	// (fleet.SliceLife), and never past the end of the window it was
+	// counted in.
+	until := ms + life(e, ms, rep.Servers)
 	switch b.lim.Algorithm {
 	case window.SlidingWindow:
 		until = min(until, rep.State.Start+b.lim.Window.Milliseconds())
@@ -299,6 +347,17 @@ func (s *Store) granted(e *entry, j *job, rep *fleet.Reply, ms int64) {
 	e.uc += rep.Granted
 	e.us = rep.State.Start
 	e.up = until
+}
+
+// life is how long a slice of entry e granted at ms lives, from the
+// counter as the last call returned it and the servers holding leases on
+// it (fleet.SliceLife). Before a call, with servers 1, it is what the
+// shared store is told the lease will last: only a count of the holders
+// depends on it. e's shard must be locked.
+func life(e *entry, ms, servers int64) int64 {
+	b := e.b
+	st, at := b.lim.Roll(e.state(), ms)
+	return fleet.SliceLife(&b.lim, b.interval, fleet.Remaining(&b.lim, st, at), servers, b.lease)
 }
 
 // wake wakes the requests waiting for a lease call of id. sh must be
@@ -320,6 +379,9 @@ type job struct {
 	give   int64
 	from   int64
 	orphan bool
+	// until is when the lease asked for is expected to end (Unix ms),
+	// which the shared store keeps to count the servers holding leases.
+	until int64
 	// id and sh locate the entry the reply goes to (not for orphans).
 	id ident
 	sh *shard
@@ -327,27 +389,43 @@ type job struct {
 
 // call makes j's call to the backend.
 func (s *Store) call(ctx context.Context, j *job, call, ms int64) (fleet.Reply, error) {
-	c := fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
-		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: ms + j.b.interval}
+	c := s.fleetCall(j, call, ms)
 	rep, err := s.cfg.Backend.Fleet(ctx, time.Now().Add(s.cfg.Timeout), &c)
+	s.answered(&rep, err, call)
+	return rep, err
+}
+
+// fleetCall returns job j's call to the backend.
+func (s *Store) fleetCall(j *job, call, ms int64) fleet.Call {
+	return fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
+		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
+}
+
+// answered follows the shared store's clock after a call made at its
+// instant (call < 0).
+func (s *Store) answered(rep *fleet.Reply, err error, call int64) {
 	if err == nil && call < 0 {
-		// The shared store keeps time: follow its clock.
 		s.offset.Store(rep.Now - time.Now().UnixMilli())
 	}
-	return rep, err
 }
 
 // run makes write-back job j's call and merges the reply into entry id
 // of sh, or restores the delta if the call failed.
 func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms int64) error {
 	rep, err := s.call(ctx, j, call, ms)
+	return s.merged(sh, id, j, &rep, err, ms)
+}
+
+// merged merges the reply rep (or error err) to write-back job j into
+// entry id of sh, or restores the delta if the call failed.
+func (s *Store) merged(sh *shard, id ident, j *job, rep *fleet.Reply, err error, ms int64) error {
 	n := j.delta.Prev + j.delta.Curr
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, _ := sh.lookup(id)
 	if e == nil {
 		if err != nil {
-			o := entry{b: j.b, fid: j.fid, us: j.delta.Start, up: j.delta.Prev, uc: j.delta.Curr}
+			o := entry{b: j.b, fid: j.fid, cs: j.delta.Start, up: j.delta.Prev, uc: j.delta.Curr}
 			s.orphan(&o)
 		}
 		return err
@@ -359,10 +437,13 @@ func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms i
 		v.Roll(l, ms)
 		v.Restore(l, j.delta)
 		e.setView(&v)
+		bl := e.blind()
+		bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
+		e.setBlind(bl)
 		s.failUntil.Store(ms + j.b.interval)
 		return err
 	}
-	s.cfg.Merge(l, &v, rep, ms, e.inflight)
+	s.cfg.Merge(l, &v, *rep, ms, e.inflight)
 	e.setView(&v)
 	e.synced = ms
 	return nil
@@ -412,8 +493,7 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 			b := e.b
 			recent := ms-e.used <= 2*b.interval
 			if b.set.Mode == fleet.WriteBack {
-				due := final || tick%b.every == 0
-				if due && (e.up != 0 || e.uc != 0 || (recent && !final)) {
+				if (final || tick%b.every == 0) && pushDue(e, ms, recent, final) {
 					v := e.view()
 					d := v.Detach()
 					e.setView(&v)
@@ -434,9 +514,12 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 				// one slice lately; a counter used once or twice is not
 				// worth a slice ahead.
 				busy := ms-e.used <= b.interval && !final && e.inflight >= 4
-				if ended && (e.uc > 0 || busy) {
-					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh}
-					if busy {
+				// Idle: not used for two intervals; what its slice left
+				// goes back, however long the slice lives.
+				idle := ms-e.used > 2*b.interval
+				if ended && (e.uc > 0 || busy) || idle && e.uc > 0 {
+					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh, until: ms + life(e, ms, 1)}
+					if ended && busy {
 						j.want = nextWant(e)
 					} else {
 						e.inflight = max(e.inflight/4, 1)
@@ -466,23 +549,37 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 	began := time.Now()
 	var first error
 	var mu sync.Mutex
-	next := make(chan int, len(jobs))
-	for i := range jobs {
+	fail := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+	}
+	// The jobs go by one, or by chunks to a backend that takes many, from
+	// a few goroutines.
+	bb, batch := s.cfg.Backend.(BatchBackend)
+	size, n := 1, workers
+	if batch {
+		size, n = chunk, chunkWorkers
+	}
+	next := make(chan int, len(jobs)/size+1)
+	for i := 0; i < len(jobs); i += size {
 		next <- i
 	}
 	close(next)
 	var wg sync.WaitGroup
-	for w := 0; w < min(workers, len(jobs)); w++ {
+	for w := 0; w < min(n, (len(jobs)+size-1)/size); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				if err := s.runJob(ctx, &jobs[i], call, ms); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
+				if batch {
+					fail(s.runBatch(ctx, bb, jobs[i:min(i+size, len(jobs))], call, ms))
+				} else {
+					fail(s.runJob(ctx, &jobs[i], call, ms))
 				}
 			}
 		}()
@@ -493,13 +590,61 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 	}
 }
 
+// pushDue reports whether the syncer pushes the unsynced counts of
+// write-back entry e (or reads the fleet's count of it) at a tick at ms,
+// after rolling its view to ms. Counts are pushed every interval while
+// the counter is used from a fresh view (synced in the last two
+// intervals, which the push keeps it) or is near its limit (less than half
+// of it left), at the first tick after a counter's first decision (which
+// learns the fleet's count), and by Close. Otherwise, counts decided
+// blind (fleet.Blind)
+// wait until they are half of max_unsynced or belong to the previous
+// window (or, for a fixed window, to one that ends before the next tick):
+// they are within the server's share of the bound wherever they are, and
+// a counter decided now and then costs a push per window rather than one
+// per decision. A token bucket's counts are pushed every
+// interval. A counter used lately and near its limit is read again even
+// with nothing to push. e's shard must be locked.
+func pushDue(e *entry, ms int64, recent, final bool) bool {
+	b := e.b
+	l := &b.lim
+	v := e.view()
+	at := v.Roll(l, ms)
+	e.setView(&v)
+	u := v.Unsynced()
+	if l.Algorithm == window.TokenBucket {
+		return u != 0 || recent && !final
+	}
+	near := fleet.Remaining(l, v.C, at) < int64(l.Requests)/2
+	if u == 0 {
+		return recent && near && !final
+	}
+	if e.synced == 0 || ms-e.synced <= 2*b.interval {
+		// Never synced (the push learns the fleet's count), or fresh.
+		return true
+	}
+	if l.Algorithm == window.FixedWindow {
+		// A fixed window's counts are dropped when it ends: pushed at the
+		// last tick before.
+		if _, end := l.Bounds(v.C.Start); end-ms <= b.interval {
+			return true
+		}
+	}
+	return final || near || v.U.Prev != 0 || 2*u >= b.maxUnsynced
+}
+
 // runJob makes one call of a tick and applies its reply.
 func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
+	rep, err := s.call(ctx, j, call, ms)
+	return s.applyJob(j, &rep, err, ms)
+}
+
+// applyJob applies the reply rep (or error err) to a call of a tick.
+func (s *Store) applyJob(j *job, rep *fleet.Reply, err error, ms int64) error {
 	switch {
 	case j.orphan:
-		rep, err := s.call(ctx, j, call, ms)
 		if err == nil && j.lease {
-			s.granted(nil, j, &rep, ms)
+			s.granted(nil, j, rep, ms)
 		} else if err != nil {
 			if fn := s.cfg.Events.Dropped; fn != nil {
 				fn(j.b.name, j.delta.Prev+j.delta.Curr+j.give)
@@ -507,7 +652,6 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		}
 		return err
 	case j.lease:
-		rep, err := s.call(ctx, j, call, ms)
 		j.sh.mu.Lock()
 		defer j.sh.mu.Unlock()
 		e, _ := j.sh.lookup(j.id)
@@ -518,8 +662,30 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		if err != nil {
 			return err
 		}
-		s.granted(e, j, &rep, ms)
+		s.granted(e, j, rep, ms)
 		return nil
 	}
-	return s.run(ctx, j.sh, j.id, j, call, ms)
+	return s.merged(j.sh, j.id, j, rep, err, ms)
+}
+
+// runBatch makes the calls of jobs at once through a backend that takes
+// many (BatchBackend) and applies their replies.
+func (s *Store) runBatch(ctx context.Context, bb BatchBackend, jobs []job, call, ms int64) error {
+	calls := make([]fleet.Call, len(jobs))
+	ptrs := make([]*fleet.Call, len(jobs))
+	for i := range jobs {
+		calls[i] = s.fleetCall(&jobs[i], call, ms)
+		ptrs[i] = &calls[i]
+	}
+	reps := make([]fleet.Reply, len(jobs))
+	errs := make([]error, len(jobs))
+	bb.FleetAll(ctx, time.Now().Add(s.cfg.Timeout), ptrs, reps, errs)
+	var first error
+	for i := range jobs {
+		s.answered(&reps[i], errs[i], call)
+		if err := s.applyJob(&jobs[i], &reps[i], errs[i], ms); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

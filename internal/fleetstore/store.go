@@ -7,26 +7,35 @@
 //
 // # Modes
 //
-// Lease: a counter's first request, and every request that finds its
-// slice spent, asks the shared store for a slice of the remaining budget
-// (fleet.Grant: at most the rule's lease, and at most remaining / (2 ×
-// servers holding leases)); requests spend it locally. The size asked for
-// starts at 1 unit for a counter not used lately and doubles with each
-// slice while it is busy; busy counters ask for the next slice ahead. A slice lives one
-// sync interval, and never past the end of the window it was counted in;
-// what is left of it is given back when it ends, unless the counter is
-// still busy, in which case the same call renews it. The fleet admits at
-// most what exact mode would (see fleet.Grant); the price is false
-// denials, at most (servers − 1) × lease per window, while other servers
-// hold unspent slices.
+// Lease: a counter not used for two intervals is decided exactly, in the
+// shared store's single call with the request's exact charges (a slice
+// for it would cost that call, and likely one more to give it back). A
+// counter used again within two intervals is busy: every request that
+// finds its slice spent asks the shared store for a slice of the
+// remaining budget (fleet.Grant: at most the rule's lease, and at most
+// remaining / (2 × servers holding leases)); requests spend it locally.
+// The size asked for starts at 2 units and doubles with each slice while
+// the counter is busy; busy counters ask for the next slice ahead. A
+// slice lives one sync interval when it was granted near the limit, ten
+// far from it (fleet.SliceLife), and never past the end of the window it
+// was counted in; what is left of it is given back when it ends, or when
+// its counter goes idle for two intervals, unless the counter is still
+// busy, in which case the same call renews it. The fleet admits at most
+// what exact mode would (see fleet.Grant); the price is false denials, at
+// most (servers − 1) × lease per window, while other servers hold unspent
+// slices.
 //
 // Write-back: requests are decided from the local view (fleet.View): the
-// fleet's count as last synced plus what this server counted since. Every
-// sync interval the syncer pushes each busy counter's delta (keyed by
-// window, fleet.Delta) and merges the fleet's count that comes back; a
+// fleet's count as last synced plus what this server counted since. A
 // request that brings a counter's unsynced count to max_unsynced pushes it
-// at once and waits for the answer. A counter not synced for two
-// intervals is read again before it decides. Over the limit, per window:
+// at once and waits for the answer. A counter not synced for two intervals
+// (or never) is decided blind, from its view as it is, within this
+// server's share of the bound (fleet.Blind) and while its view is far from
+// the limit; otherwise it is read again before it decides. Every sync
+// interval the syncer pushes the deltas (keyed by window, fleet.Delta) of
+// the counters used from fresh views or near their limit, and merges the
+// fleet's count that comes back; counts decided blind wait until they are
+// half of max_unsynced or their window ends. Over the limit, per window:
 // at most servers × max_unsynced, plus what the fleet admits in one sync
 // interval (fleet.OverBound).
 //
@@ -49,8 +58,10 @@
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
 // at most 128). There is one goroutine per store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
-// runs), and a busy counter's next slice is asked for on a goroutine that
-// lives until the answer; none per counter.
+// runs, or, with a BatchBackend such as the Redis store, sends them in
+// chunks of 256 calls that share script runs, from up to 4), and a busy
+// counter's next slice is asked for on a goroutine that lives until the
+// answer; none per counter.
 package fleetstore
 
 import (
@@ -84,7 +95,11 @@ const (
 	// workers is how many calls the syncer has on their way at once;
 	// the pipeline batches those for one server.
 	workers = 16
-	shards  = 64
+	// chunk is how many calls the syncer sends at once to a BatchBackend,
+	// from chunkWorkers goroutines: chunks of a few hundred share script
+	// runs without holding back for long the decisions queued with them.
+	chunk, chunkWorkers = 256, 4
+	shards              = 64
 )
 
 // Settings are a rule's coordination settings.
@@ -105,6 +120,15 @@ type Settings struct {
 // Backend is the shared store. *redisstore.Store implements it.
 type Backend interface {
 	Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error)
+}
+
+// BatchBackend is a Backend that also takes many calls at once, sharing
+// round trips and script runs, as *redisstore.Store does: the syncer then
+// sends a tick's calls by chunks. The reply and error of calls[i] go to
+// out[i] and errs[i].
+type BatchBackend interface {
+	Backend
+	FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error)
 }
 
 // Exact decides the charges of rules in exact mode.
@@ -196,6 +220,8 @@ type Store struct {
 
 	tick      atomic.Int64
 	evictions atomic.Uint64
+	// blind counts the units admitted blind (fleet.Blind).
+	blind     atomic.Int64
 	syncMu    sync.Mutex
 	stop      chan struct{}
 	done      chan struct{}
@@ -302,6 +328,11 @@ func (s *Store) Len() int {
 // Evictions is how many counters the table dropped to stay within MaxKeys.
 func (s *Store) Evictions() uint64 { return s.evictions.Load() }
 
+// Blind is how many units write-back counters admitted from views not
+// synced for two intervals, without reading the fleet's count first
+// (fleet.Blind).
+func (s *Store) Blind() int64 { return s.blind.Load() }
+
 func (s *Store) clock() time.Time {
 	if s.cfg.Now != nil {
 		return s.cfg.Now()
@@ -388,12 +419,9 @@ func recentSlot(c *window.Charge) int {
 
 // locate returns the shard and identity of charge c's counter.
 func (s *Store) locate(c *window.Charge) (*shard, ident) {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(c.Key)
-	h.WriteByte(0)
-	h.WriteString(c.Name)
-	k := h.Sum64()
+	// Two hashes of strings, mixed: a maphash.Hash would copy both into
+	// its buffer first.
+	k := mix64(maphash.String(s.seed, c.Key) + 0x9e3779b97f4a7c15*maphash.String(s.seed, c.Name))
 	ser := c.Limit.Series()
 	id := ident{h1: k ^ ser*0x9e3779b97f4a7c15, h2: mix64(k + ser)}
 	return &s.shards[id.h2%shards], id
@@ -405,9 +433,9 @@ func mix64(z uint64) uint64 {
 	return z ^ z>>31
 }
 
-// entryFor returns the entry of id, making it if needed. sh must be
-// locked.
-func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding) *entry {
+// entryFor returns the entry of id, making it if needed, at ms. sh must
+// be locked.
+func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding, ms int64) *entry {
 	if e, _ := sh.lookup(id); e != nil {
 		e.b = b
 		return e
@@ -416,6 +444,7 @@ func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding) *ent
 	if evicted {
 		s.evictions.Add(1)
 		s.orphan(&old)
+		sh.evicted = max(sh.evicted, ms)
 	}
 	e.fid = s.cfg.ID(c)
 	e.b = b
@@ -430,7 +459,7 @@ func (s *Store) orphan(e *entry) {
 	case e.b == nil:
 		return
 	case e.b.set.Mode == fleet.WriteBack && (e.up != 0 || e.uc != 0):
-		j = job{b: e.b, fid: e.fid, delta: fleet.Delta{Start: e.us, Prev: e.up, Curr: e.uc}, orphan: true}
+		j = job{b: e.b, fid: e.fid, delta: fleet.Delta{Start: e.cs, Prev: e.up, Curr: e.uc}, orphan: true}
 	case e.b.set.Mode == fleet.Lease && e.uc > 0 && e.flags&granting == 0:
 		j = job{b: e.b, fid: e.fid, lease: true, give: e.uc, from: e.us, orphan: true}
 	default:
@@ -461,14 +490,15 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	}
 	local := 0
 	for i := range charges {
-		b := s.bind(rules, &charges[i], nil)
-		bs = append(bs, b)
+		c := &charges[i]
+		b := s.bind(rules, c, nil)
 		if b != nil {
-			if err := charges[i].Limit.Validate(); err != nil {
+			if err := c.Limit.Validate(); err != nil {
 				return false, err
 			}
 			local++
 		}
+		bs = append(bs, b)
 	}
 	if local == 0 {
 		return s.cfg.Exact.Take(ctx, now, charges, out)
@@ -482,10 +512,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			continue
 		}
 		c := &charges[i]
-		var ok bool
+		var ok, cold bool
 		var err error
 		if b.set.Mode == fleet.Lease {
-			ok, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			ok, cold, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			if cold {
+				// Decided exactly, with the request's exact charges.
+				bs[i] = nil
+				local--
+				continue
+			}
 		} else {
 			ok, err = s.takeWriteBack(ctx, ms, call, c, b, &out[i])
 		}
@@ -511,8 +547,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		}
 		return false, nil
 	}
-	if local == len(charges) {
+	switch local {
+	case len(charges):
 		return true, nil
+	case 0:
+		// Every local charge was of a cold counter.
+		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
 	// The exact charges, in one call.
 	var cbuf [8]window.Charge
@@ -546,27 +586,36 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 // undo gives back, locally, what the admitted local charges counted.
 func (s *Store) undo(charges []window.Charge, bs []*binding, out []window.Decision, ms int64) {
 	for i := range charges {
-		b, c := bs[i], &charges[i]
-		if b == nil || !out[i].Allowed || c.Cost == 0 {
-			continue
+		if bs[i] != nil && out[i].Allowed {
+			s.giveBack(&charges[i], bs[i])
 		}
-		sh, id := s.locate(c)
-		sh.mu.Lock()
-		if e, _ := sh.lookup(id); e != nil {
-			cost := int64(c.Cost)
-			if b.set.Mode == fleet.Lease {
-				e.uc += cost
-			} else {
-				if b.lim.Algorithm == window.TokenBucket {
-					e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
-				} else {
-					e.cc = max(0, e.cc-cost)
-				}
-				e.uc = max(0, e.uc-cost)
-			}
-		}
-		sh.mu.Unlock()
 	}
+}
+
+// giveBack takes the cost of c, a charge of a rule in a fleet mode, off
+// its counter in process: back to the slice in lease mode, off the view
+// and what is unsynced in write-back mode (units already pushed stay
+// counted).
+func (s *Store) giveBack(c *window.Charge, b *binding) {
+	if c.Cost == 0 {
+		return
+	}
+	sh, id := s.locate(c)
+	sh.mu.Lock()
+	if e, _ := sh.lookup(id); e != nil {
+		cost := int64(c.Cost)
+		if b.set.Mode == fleet.Lease {
+			e.uc += cost
+		} else {
+			if b.lim.Algorithm == window.TokenBucket {
+				e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
+			} else {
+				e.cc = max(0, e.cc-cost)
+			}
+			e.uc = max(0, e.uc-cost)
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // Busy reports whether a lease call or a waited-for push of some counter

@@ -1,6 +1,7 @@
 package fleetstore
 
 import (
+	"math/bits"
 	"sync"
 	"unsafe"
 
@@ -51,8 +52,9 @@ const (
 
 // entry is one counter in process, 112 bytes. Its fields hold, by mode:
 //
-//   - write-back: C is fleet.View.C; us, up and uc are U's Start, Prev and
-//     Curr; inflight is what pushes on their way carry.
+//   - write-back: C is fleet.View.C; up and uc are U's Prev and Curr (U is
+//     in C's windows: its Start is C's); us holds the fleet.Blind of the
+//     counter; inflight is what pushes on their way carry.
 //   - lease: C is the counter as the last lease call returned it; uc is
 //     the units of the slice left, up the instant (Unix ms, local clock)
 //     the slice ends and us the start of the window it was counted in;
@@ -74,14 +76,21 @@ type entry struct {
 
 // view returns the entry's write-back view.
 func (e *entry) view() fleet.View {
-	return fleet.View{C: window.State{Start: e.cs, Prev: e.cp, Curr: e.cc}, U: window.State{Start: e.us, Prev: e.up, Curr: e.uc}}
+	return fleet.View{C: window.State{Start: e.cs, Prev: e.cp, Curr: e.cc}, U: window.State{Start: e.cs, Prev: e.up, Curr: e.uc}}
 }
 
-// setView stores v in the entry.
+// setView stores v in the entry. fleet.View keeps U in C's windows, so
+// U.Start is C.Start, which the entry keeps once.
 func (e *entry) setView(v *fleet.View) {
 	e.cs, e.cp, e.cc = v.C.Start, v.C.Prev, v.C.Curr
-	e.us, e.up, e.uc = v.U.Start, v.U.Prev, v.U.Curr
+	e.up, e.uc = v.U.Prev, v.U.Curr
 }
+
+// blind returns a write-back entry's fleet.Blind.
+func (e *entry) blind() fleet.Blind { return fleet.Blind(e.us) }
+
+// setBlind stores a write-back entry's fleet.Blind.
+func (e *entry) setBlind(b fleet.Blind) { e.us = int64(b) }
 
 // state returns C.
 func (e *entry) state() window.State { return window.State{Start: e.cs, Prev: e.cp, Curr: e.cc} }
@@ -105,16 +114,37 @@ type shard struct {
 	waits map[ident]chan struct{}
 	// seq draws the entries an eviction samples.
 	seq uint64
+	// evicted is the instant (Unix ms) of the shard's last eviction.
+	evicted int64
 }
 
 func (sh *shard) at(i int) *entry { return &sh.chunks[i/chunkSize][i%chunkSize] }
 
+// A slot holds the number of its entry plus one in its low bits, as many
+// as the shard's capacity needs (idxBits), and in the others a tag of the
+// entry's identity, so that find reads only the entries whose tags match:
+// at seven eighths full, linear probing passes a few slots before it finds
+// an entry, and reading each of their entries would cost a cache miss.
+
+// idxBits is how many low bits of a slot hold its entry's number.
+func (sh *shard) idxBits() uint { return uint(bits.Len(uint(sh.max))) }
+
+// slotOf returns the slot value of entry number i, of identity id.
+func (sh *shard) slotOf(i int, id ident) uint32 {
+	return uint32(i+1) | uint32(id.h1>>32)<<sh.idxBits()
+}
+
+// entryOf returns the number of the entry of slot value v (not 0).
+func (sh *shard) entryOf(v uint32) int { return int(v&(uint32(1)<<sh.idxBits()-1)) - 1 }
+
 // find returns the slot of id, or of the empty slot where it would go.
 func (sh *shard) find(id ident) int {
 	mask := len(sh.slots) - 1
+	b := sh.idxBits()
+	tag := uint32(id.h1>>32) << b >> b
 	for p := int(id.h1) & mask; ; p = (p + 1) & mask {
 		v := sh.slots[p]
-		if v == 0 || sh.at(int(v-1)).id == id {
+		if v == 0 || v>>b == tag && sh.at(sh.entryOf(v)).id == id {
 			return p
 		}
 	}
@@ -129,7 +159,8 @@ func (sh *shard) lookup(id ident) (*entry, int) {
 	if v == 0 {
 		return nil, -1
 	}
-	return sh.at(int(v - 1)), int(v - 1)
+	i := sh.entryOf(v)
+	return sh.at(i), i
 }
 
 // insert adds a zero entry for id, which must not be in the shard, and
@@ -156,7 +187,7 @@ func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 	sh.n++
 	e = sh.at(i)
 	*e = entry{id: id}
-	sh.slots[sh.find(id)] = uint32(i + 1)
+	sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	return e, evicted, did
 }
 
@@ -164,7 +195,8 @@ func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 func (sh *shard) grow() {
 	sh.slots = make([]uint32, max(2*len(sh.slots), 16))
 	for i := 0; i < sh.n; i++ {
-		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+		id := sh.at(i).id
+		sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	}
 }
 
@@ -190,7 +222,8 @@ func (sh *shard) remove(i int) {
 	last := sh.n - 1
 	if i != last {
 		*sh.at(i) = *sh.at(last)
-		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+		id := sh.at(i).id
+		sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	}
 	*sh.at(last) = entry{}
 	sh.n--
@@ -202,7 +235,7 @@ func (sh *shard) unplace(p int) {
 	mask := len(sh.slots) - 1
 	sh.slots[p] = 0
 	for q := (p + 1) & mask; sh.slots[q] != 0; q = (q + 1) & mask {
-		home := int(sh.at(int(sh.slots[q]-1)).id.h1) & mask
+		home := int(sh.at(sh.entryOf(sh.slots[q])).id.h1) & mask
 		// The entry at q may move to p unless its home lies cyclically in
 		// (p, q].
 		if (q > p && (home <= p || home > q)) || (q < p && home <= p && home > q) {

@@ -204,20 +204,11 @@ func (d *dest) warm() {
 	wg.Wait()
 }
 
-// enqueue queues c, or returns the error of a destination that is down or
-// closed.
+// enqueue queues c, or returns the error of a destination that is down,
+// slow or closed.
 func (d *dest) enqueue(c *call) error {
 	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return ErrClosed
-	}
-	if d.state != up {
-		d.lastUse = time.Now()
-		err := d.downErr
-		if !d.probing {
-			d.startProbeLocked()
-		}
+	if err := d.refuseLocked(); err != nil {
 		d.mu.Unlock()
 		return err
 	}
@@ -268,6 +259,41 @@ func (d *dest) onSpread() {
 	d.spreading = false
 	d.spreadLocked()
 	d.mu.Unlock()
+}
+
+// refuseLocked returns why d takes no call, if it takes none: it is
+// closed, or down or slow (which starts its probes). d.mu must be held.
+func (d *dest) refuseLocked() error {
+	if d.closed {
+		return ErrClosed
+	}
+	if d.state != up {
+		d.lastUse = time.Now()
+		if !d.probing {
+			d.startProbeLocked()
+		}
+		return d.downErr
+	}
+	return nil
+}
+
+// enqueueAll is enqueue for calls, all for d, queued at once so that a
+// lane takes them together.
+func (d *dest) enqueueAll(calls []*call) error {
+	d.mu.Lock()
+	if err := d.refuseLocked(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	now := time.Now()
+	for _, c := range calls {
+		c.queued = now // for overrun
+	}
+	d.queue = append(d.queue, calls...)
+	d.spreadLocked()
+	d.mu.Unlock()
+	d.cond.Broadcast()
+	return nil
 }
 
 // close fails the queued calls with ErrClosed and wakes the lanes so that

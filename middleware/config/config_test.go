@@ -199,7 +199,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limits missing",
 			in:   "rules: [{name: a, key: ip}]",
-			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit",
+			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit or usage limits",
 		},
 		{
 			name: "limits empty",
@@ -1117,7 +1117,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "login-failures", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "login-failures", "chat", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)
