@@ -372,8 +372,8 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 	}
 	if len(over) > 0 {
 		o := over[0]
-		timing("%d of %d requests held longer than %v beyond this process's scheduling lag, e.g. %v (lag %v) at %v into the run",
-			len(over), len(r.outcomes), bound, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond))
+		timing("%d of %d requests held longer than %v beyond this process's scheduling lag, e.g. %v (lag %v) at %v into the run (decided %v, %v)",
+			len(over), len(r.outcomes), bound, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond), o.decided, o.err)
 	}
 
 	if c.delay >= 0 && 2*c.delay+25*time.Millisecond < r.timeout {

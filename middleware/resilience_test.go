@@ -454,14 +454,25 @@ func TestRecommendedClientOptions(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer srv.Resume()
-			start := time.Now()
-			res, err := lim.Decide(r)
-			if err != nil || res.StoreErr == nil {
-				t.Fatalf("with Redis hung: %+v, %v; want a store error under FailOpen", res, err)
+			// Requests at once, so that some leave in a batch on a pooled
+			// connection (the first goes directly, through a clone of the
+			// client that gives up at the stall threshold).
+			var wg sync.WaitGroup
+			for i := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					start := time.Now()
+					res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2." + strconv.Itoa(i+1) + ":1")))
+					if err != nil || res.StoreErr == nil {
+						t.Errorf("with Redis hung: %+v, %v; want a store error under FailOpen", res, err)
+					}
+					if took := time.Since(start); took > time.Second {
+						t.Errorf("the request waited %v", took)
+					}
+				}()
 			}
-			if took := time.Since(start); took > time.Second {
-				t.Errorf("the request waited %v", took)
-			}
+			wg.Wait()
 			// The store's deadline (100 ms), and those of the probes, have
 			// passed well before 1 s; ReadTimeout (3 s) has not.
 			time.Sleep(time.Second)

@@ -41,3 +41,66 @@ func processBusy(now time.Time) bool {
 	busy.busy.Store(b)
 	return b
 }
+
+// lagWindow is how long processLag remembers a scheduling latency.
+const lagWindow = 100 * time.Millisecond
+
+// lagged is what processLag reads and remembers.
+var lagged struct {
+	at   atomic.Int64 // of the latest read, in Unix nanoseconds
+	last atomic.Int64 // the lag it found, in nanoseconds
+
+	mu     sync.Mutex
+	sample [1]metrics.Sample
+	counts []uint64 // of the histogram at the latest read
+	// worst is the longest latency seen since windowAt, and before the
+	// longest in the window before it.
+	worst, before time.Duration
+	windowAt      time.Time
+}
+
+// processLag returns how long goroutines of this process have lately
+// waited to run once runnable: the longest scheduling latency the runtime
+// recorded in the last lagWindow or two, as read at most busyEvery ago,
+// or zero where the runtime does not record them. It is this process's
+// own scheduling lag, which a call may wait past its deadline when its
+// server's answer is not known yet (see dest.overrun). The lanes read it
+// after each batch, so that it is current when a deadline asks.
+func processLag(now time.Time) time.Duration {
+	t := now.UnixNano()
+	last := lagged.at.Load()
+	if t-last < int64(busyEvery) || !lagged.at.CompareAndSwap(last, t) {
+		return time.Duration(lagged.last.Load())
+	}
+	lagged.mu.Lock()
+	defer lagged.mu.Unlock()
+	if gap := now.Sub(lagged.windowAt); gap >= lagWindow {
+		lagged.before = lagged.worst
+		if gap >= 2*lagWindow {
+			lagged.before = 0
+		}
+		lagged.worst, lagged.windowAt = 0, now
+	}
+	s := &lagged.sample[0]
+	s.Name = "/sched/latencies:seconds"
+	metrics.Read(lagged.sample[:])
+	if s.Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	h := s.Value.Float64Histogram()
+	if len(lagged.counts) == len(h.Counts) && time.Duration(t-last) < lagWindow {
+		// The longest latency recorded since the last read, fresh enough
+		// to count as lately: the lower bound of the highest bucket that
+		// grew.
+		for i := len(h.Counts) - 1; i > 0; i-- {
+			if h.Counts[i] > lagged.counts[i] {
+				lagged.worst = max(lagged.worst, time.Duration(h.Buckets[i]*float64(time.Second)))
+				break
+			}
+		}
+	}
+	lagged.counts = append(lagged.counts[:0], h.Counts...)
+	lag := max(lagged.worst, lagged.before)
+	lagged.last.Store(int64(lag))
+	return lag
+}

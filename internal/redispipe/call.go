@@ -228,8 +228,7 @@ func (c *call) complete(val any, err error) {
 // this process takes to read the reply: a process short of CPU may not
 // have run the lane that reads the reply although the reply is in. So at
 // the deadline, if the reply has most likely come (see dest.overrun), the
-// call waits on, overrunStep at a time, up to maxOverrun past the
-// deadline. A server that answers, but late, gets no more than the
+// call waits on, a step at a time, up to maxOverrun past the deadline. A server that answers, but late, gets no more than the
 // deadline.
 func (c *call) wait(ctx context.Context) (any, error) {
 	var cause error
@@ -252,9 +251,9 @@ func (c *call) wait(ctx context.Context) (any, error) {
 				cause = context.Cause(ctx)
 			case <-expired:
 				if d := c.dest; d != nil {
-					if now := time.Now(); d.overrun(c, due, now) {
-						due = now.Add(overrunStep)
-						t.Reset(overrunStep)
+					if step, ok := d.overrun(c, due, time.Now()); ok {
+						due = time.Now().Add(step)
+						t.Reset(step)
 						continue waiting
 					}
 				}

@@ -48,9 +48,11 @@ type dest struct {
 	warmer *time.Timer
 	closed bool
 	// state is the destination's health; downErr is the error its calls
-	// get while it is not up.
-	state   health
-	downErr error
+	// get while it is not up (see refuseLocked). slowTrip is the round
+	// trip a slow destination's server was last seen to take.
+	state    health
+	downErr  error
+	slowTrip time.Duration
 	// probing is set while a probe goroutine runs.
 	probing bool
 	// peak is the longest recent batch time, decaying by half every
@@ -208,7 +210,7 @@ func (d *dest) warm() {
 // slow or closed.
 func (d *dest) enqueue(c *call) error {
 	d.mu.Lock()
-	if err := d.refuseLocked(); err != nil {
+	if err := d.refuseLocked(c); err != nil {
 		d.mu.Unlock()
 		return err
 	}
@@ -261,27 +263,41 @@ func (d *dest) onSpread() {
 	d.mu.Unlock()
 }
 
-// refuseLocked returns why d takes no call, if it takes none: it is
-// closed, or down or slow (which starts its probes). d.mu must be held.
-func (d *dest) refuseLocked() error {
+// refuseLocked returns why d takes no call c, if it takes none: it is
+// closed, or down, or slow and c cannot wait for its server's round trip
+// (which starts its probes). d.mu must be held.
+func (d *dest) refuseLocked(c *call) error {
 	if d.closed {
 		return ErrClosed
 	}
 	if d.state != up {
-		d.lastUse = time.Now()
+		now := time.Now()
+		d.lastUse = now
 		if !d.probing {
 			d.startProbeLocked()
 		}
-		return d.downErr
+		if !d.patientLocked(c, now) {
+			return d.downErr
+		}
 	}
 	return nil
+}
+
+// patientLocked reports whether d is slow and call c can wait for its
+// server: it has no deadline, or one further than four thirds of the
+// round trip the server was last seen to take. A slow server still
+// serves such calls (a background sync, say), which need no answer
+// within a request's bound. d.mu must be held.
+func (d *dest) patientLocked(c *call, now time.Time) bool {
+	return d.state == slow && (!c.hasDeadline || c.deadline.Sub(now) > d.slowTrip*4/3)
 }
 
 // enqueueAll is enqueue for calls, all for d, queued at once so that a
 // lane takes them together.
 func (d *dest) enqueueAll(calls []*call) error {
 	d.mu.Lock()
-	if err := d.refuseLocked(); err != nil {
+	// The calls share their deadline.
+	if err := d.refuseLocked(calls[0]); err != nil {
 		d.mu.Unlock()
 		return err
 	}
@@ -445,6 +461,7 @@ func (l *lane) run() {
 			l.timer.Stop()
 		}
 		end := time.Now()
+		d.p.lag(end) // kept current for the deadlines (see overrun)
 		d.mu.Lock()
 		batch := l.batch
 		l.batch, l.busy = nil, false
@@ -845,7 +862,7 @@ func (d *dest) judgeDirect(took time.Duration, end time.Time, err error) error {
 	case v.answered:
 		cause := fmt.Errorf("%w: a call outstanding for %s, and %s: %w",
 			ErrSlow, took.Round(time.Millisecond), v.describeSlow(s), err)
-		d.markSlow(cause)
+		d.markSlow(v.seen, cause)
 		return &unavailableError{dest: d.name, slow: true, cause: cause}
 	}
 	cause := fmt.Errorf("%w: a call outstanding for %s, and %s: %w",

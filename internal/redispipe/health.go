@@ -145,7 +145,7 @@ func (l *lane) onTimer() {
 	}
 	if s := d.p.slowRoundTrip; s > 0 && !v.answeredWithin(s) {
 		d.mu.Unlock()
-		d.markSlow(fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrSlow, n, took.Round(time.Millisecond), v.describeSlow(s)))
+		d.markSlow(v.seen, fmt.Errorf("%w: %d calls outstanding for %s, and %s", ErrSlow, n, took.Round(time.Millisecond), v.describeSlow(s)))
 		return
 	}
 	// The server answers in time: whatever keeps the replies of the
@@ -177,46 +177,75 @@ const maxOverrun = time.Second
 // overrun is asked again.
 const overrunStep = MinStallThreshold
 
-// overrunSlack is how long a call past its deadline waits for the verdict
-// of a verification under way, unless this process is late.
+// overrunSlack is how long a call past its deadline, and past this
+// process's lag, waits for the verdict of a verification.
 const overrunSlack = 20 * time.Millisecond
+
+// starvedLag is the scheduling lag past which this process counts as
+// short of CPU at a call's deadline (see overrun): the slack of the bound
+// a user sets, which goroutines released at once by a burst of requests
+// can take up on a busy machine without this process starving.
+const starvedLag = 25 * time.Millisecond
 
 // overrun reports whether call c, whose deadline has passed and whose
 // timer was due at fired and ran at now, may wait on for a reply that
-// has most likely come but is not read yet: one the server sent before it
-// answered a PING written after c was sent. A call still queued for a
-// lane (all of them busy) has no reply yet; it waits on only while this
-// process is short of CPU (the timer fired late, more goroutines wait to
-// run than there are processors, or a batch was late lately while its
-// server answered at once) and the server answers a PING written since
-// the call was queued. While another verification is under way, the
-// call waits for its verdict for up to overrunSlack, or on, a step at a
-// time, if its own timer fired late: the wait is then this process's lag.
-// A server that answers
-// later than the deadline, slow or not, leaves the call to end at it. It
+// has most likely come but is not read yet, and for how long before it
+// asks again. That is a reply the server sent before it answered a PING
+// written after c was sent. A call still queued for a lane (all of them
+// busy) has no reply yet: it waits on only while this process is short of
+// CPU. Until such an answer is known, the call waits for one (the caller
+// verifies the server itself, or waits for the verification under way)
+// for as long as its wait past the deadline stays within this process's
+// lag (the runtime's recent scheduling latency, or the lateness of the
+// call's own timer) plus overrunSlack; if that lag is more than
+// starvedLag, this process is short of CPU, its verifications are late
+// too, and the call waits for the one under way however long it takes,
+// an answer to a PING written up to lateRecent before the call was sent
+// counting. A server that answers later than the deadline, slow or not,
+// thus leaves the call to end at it, give or take this process's lag. It
 // is false when stall detection is off, and from maxOverrun past the
 // deadline.
-func (d *dest) overrun(c *call, fired, now time.Time) bool {
-	if now.Sub(c.deadline) >= maxOverrun {
-		return false
+func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
+	over := now.Sub(c.deadline)
+	if over >= maxOverrun {
+		return 0, false
 	}
+	lag := max(d.p.lag(now), now.Sub(fired))
+	starved := lag > starvedLag
 	d.mu.Lock()
 	thr := d.stallThresholdLocked()
-	timerLate := now.Sub(fired) > lagTolerance
-	late := timerLate || now.Sub(d.lateAt) < lateRecent
+	late := starved || now.Sub(d.lateAt) < lateRecent
 	if d.state != up || d.closed || thr <= 0 {
 		d.mu.Unlock()
-		return false
+		return 0, false
 	}
 	d.mu.Unlock()
 	since := time.Unix(0, c.sent.Load())
 	if c.sent.Load() == 0 {
 		if !late && !d.p.busy(now) {
-			return false
+			return 0, false
 		}
 		since = c.queued
 	}
-	return d.answersSince(since, now.Add(overrunSlack), timerLate)
+	if !starved {
+		if d.awaitAnswer(since, c.deadline.Add(lag+overrunSlack)) {
+			return overrunStep, true
+		}
+		return 0, false
+	}
+	// Short of CPU, the verifications are late too: an answer to a PING
+	// written shortly before the call was sent counts, and the call waits
+	// for the verification under way, however late it ends (a stall's
+	// gives its server stallWaitLocked at most).
+	since = since.Add(-lateRecent)
+	if d.answeredAt.Load() >= since.UnixNano() {
+		return overrunStep, true
+	}
+	d.verify(since, verifyWait)
+	if d.answeredAt.Load() >= since.UnixNano() {
+		return overrunStep, true
+	}
+	return 0, false
 }
 
 // noteLate records that this process was seen late to read replies.
@@ -243,11 +272,11 @@ func (v verdict) describeSlow(s time.Duration) string {
 
 // markDown marks the destination down for cause, unless it is already
 // (see setState).
-func (d *dest) markDown(cause error) { d.setState(down, cause) }
+func (d *dest) markDown(cause error) { d.setState(down, 0, cause) }
 
-// markSlow marks the destination slow for cause, unless it is already
-// (see setState).
-func (d *dest) markSlow(cause error) { d.setState(slow, cause) }
+// markSlow marks the destination slow for cause, its server taking trip
+// to answer, unless it is already (see setState).
+func (d *dest) markSlow(trip time.Duration, cause error) { d.setState(slow, trip, cause) }
 
 // markStalled marks the destination down for cause, a PING unanswered
 // after a stall, unless it is down or slow already: a server known to
@@ -263,15 +292,19 @@ func (d *dest) markStalled(cause error) {
 }
 
 // markUp marks the destination up, unless it is already.
-func (d *dest) markUp() { d.setState(up, nil) }
+func (d *dest) markUp() { d.setState(up, 0, nil) }
 
-// setState moves the destination to state to, for cause, unless it is
-// there already or closed. A destination that leaves up fails every call
-// queued or in flight to it; lanes stuck in a batch are replaced, so that
-// the destination can be used as soon as it is up again, and it is
-// probed until it is.
-func (d *dest) setState(to health, cause error) {
+// setState moves the destination to state to, for cause (for slow, its
+// server taking trip to answer), unless it is there already or closed. A
+// destination that leaves up fails every call queued or in flight to it,
+// but, going slow, those that can wait for its server (patientLocked);
+// lanes stuck in a batch are replaced, so that the destination can be
+// used as soon as it is up again, and it is probed until it is.
+func (d *dest) setState(to health, trip time.Duration, cause error) {
 	d.mu.Lock()
+	if to == slow {
+		d.slowTrip = max(trip, d.p.slowRoundTrip)
+	}
 	if d.state == to || d.closed {
 		d.mu.Unlock()
 		return
@@ -294,9 +327,18 @@ func (d *dest) setState(to health, cause error) {
 		d.deliver()
 		return
 	}
-	queued := d.queue
-	d.queue = nil
-	var inflight []*call
+	now := time.Now()
+	var queued, inflight []*call
+	kept := d.queue[:0]
+	for _, c := range d.queue {
+		if d.patientLocked(c, now) {
+			kept = append(kept, c)
+		} else {
+			queued = append(queued, c)
+		}
+	}
+	clear(d.queue[len(kept):])
+	d.queue = kept
 	stalled := 0
 	for _, l := range d.lanes {
 		if l.stalled {
@@ -306,6 +348,9 @@ func (d *dest) setState(to health, cause error) {
 			d.healthy--
 			stalled++
 			for _, c := range l.batch {
+				if d.patientLocked(c, now) {
+					continue // answered when the server answers
+				}
 				// The lane may release its reference as soon as d.mu is
 				// unlocked; hold one so that the call is not recycled
 				// before it is completed below.
@@ -351,7 +396,7 @@ func (d *dest) answeredLate(took time.Duration) {
 	wasDown := d.state == down
 	d.mu.Unlock()
 	if wasDown {
-		d.markSlow(fmt.Errorf("%w: a batch answered after %s, longer than the %s a server that is up may take",
+		d.markSlow(took, fmt.Errorf("%w: a batch answered after %s, longer than the %s a server that is up may take",
 			ErrSlow, took.Round(time.Millisecond), s))
 	}
 }
@@ -428,7 +473,7 @@ func (d *dest) probeOnce(timeout time.Duration) {
 			d.markUp()
 		}
 	case v.answered:
-		d.markSlow(fmt.Errorf("%w: %s", ErrSlow, v.describeSlow(s)))
+		d.markSlow(v.seen, fmt.Errorf("%w: %s", ErrSlow, v.describeSlow(s)))
 	default:
 		d.markDown(fmt.Errorf("%w: %s", ErrStalled, v.describe()))
 	}

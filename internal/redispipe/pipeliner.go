@@ -259,8 +259,10 @@ type Pipeliner struct {
 	// noDirect turns direct calls off (see tryDirect).
 	noDirect bool
 	// busy reports whether this process is short of CPU (processBusy;
-	// tests of direct calls replace it).
+	// tests of direct calls replace it), and lag how late its goroutines
+	// run lately (processLag).
 	busy func(now time.Time) bool
+	lag  func(now time.Time) time.Duration
 	// slowRoundTrip is three quarters of Config.Bound, or zero: the
 	// longest PING round trip of a server that is up.
 	slowRoundTrip time.Duration
@@ -298,7 +300,7 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 	if cfg.MaxProbeInterval < cfg.ProbeInterval {
 		return nil, fmt.Errorf("redispipe: MaxProbeInterval %s is shorter than ProbeInterval %s", cfg.MaxProbeInterval, cfg.ProbeInterval)
 	}
-	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest), busy: processBusy}
+	p := &Pipeliner{cfg: cfg, byName: make(map[string]*dest), busy: processBusy, lag: processLag}
 	switch t := cfg.StallThreshold; {
 	case t > 0:
 		p.directTimeout = t

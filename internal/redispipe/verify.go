@@ -77,16 +77,9 @@ type watch struct {
 	dialed  chan struct{}
 	closed  bool
 	buf     [256]byte
-	// done is closed, and replaced, when a verification ends; due is,
-	// while one is under way, when its goroutine is due to run next (to
-	// look at the socket, or give up a dial), in Unix nanoseconds, and 0
-	// otherwise; asking is set while a verification answersSince asked
-	// for is under way, and askedAt is when it was asked for (0
-	// otherwise).
-	done    atomic.Pointer[chan struct{}]
-	due     atomic.Int64
-	asking  atomic.Bool
-	askedAt atomic.Int64
+
+	// done is closed, and replaced, when a verification ends.
+	done atomic.Pointer[chan struct{}]
 	// dialTimeout bounds the dials of verifications (zero means
 	// watchDialTimeout).
 	dialTimeout time.Duration
@@ -103,6 +96,9 @@ type verdict struct {
 	// when that look was late.
 	answered, late bool
 	within         time.Duration
+	// seen is how long after the PING the look that found its reply was
+	// made: at least the round trip.
+	seen time.Duration
 	// beyond is how long after the PING no reply had come yet, for
 	// certain: for a PING not answered, the wait it had.
 	beyond time.Duration
@@ -130,52 +126,29 @@ func (d *dest) verify(since time.Time, marks ...time.Duration) verdict {
 	return d.verifyHeld(&d.watch, since, withFirstMark(marks))
 }
 
-// answersSince reports whether the server answered a PING written at
-// since or later, as the latest verification found or, if it was made
-// earlier, as one made now finds (in the background, unless one is under
-// way or asked for): it waits for that until until. If the server has not
-// answered by then, or now if late is set (the caller's timer fired
-// late), it reports true all the same if this process is short of CPU:
-// if late is set, if the verifying goroutine is overdue (it has not run
-// for more than lagTolerance past when it was due to look at the socket),
-// or if, at until, the verification is still under way while more
-// goroutines wait to run than there are processors. The caller's wait is
-// then this process's lag.
-func (d *dest) answersSince(since, until time.Time, late bool) bool {
+// awaitAnswer reports whether the server answered a PING written at since
+// or later: as the latest verification found, or as one the caller makes
+// now finds, or, if another is under way, as that one finds if it ends
+// by until.
+func (d *dest) awaitAnswer(since, until time.Time) bool {
 	w := &d.watch
 	for {
 		if d.answeredAt.Load() >= since.UnixNano() {
 			return true
 		}
 		done := w.done.Load()
-		if d.p.ctx.Err() == nil && w.asking.CompareAndSwap(false, true) {
-			w.askedAt.Store(time.Now().UnixNano())
-			d.p.wg.Add(1)
-			go func() {
-				defer d.p.wg.Done()
-				d.verify(since, verifyWait)
-				w.askedAt.Store(0)
-				w.asking.Store(false)
-			}()
+		if w.mu.TryLock() {
+			if w.conn != nil || !w.dialing {
+				d.verifyHeld(w, since, []time.Duration{verifyWait})
+				return d.answeredAt.Load() >= since.UnixNano()
+			}
+			w.mu.Unlock()
 		}
-		now := time.Now()
-		// When the verifying goroutine is due to run next: to look at the
-		// socket, to give up a dial, or to start the verification asked
-		// for.
-		due := w.due.Load()
-		if due == 0 {
-			due = w.askedAt.Load()
+		wait := time.Until(until)
+		if wait <= 0 || done == nil {
+			return false
 		}
-		if late || due != 0 && now.UnixNano() > due+int64(lagTolerance) {
-			return true
-		}
-		if !now.Before(until) || done == nil {
-			// A verification still under way, while more goroutines wait
-			// to run than there are processors, is late too: the
-			// goroutine that reads its reply waits behind them.
-			return due != 0 && d.p.busy(now)
-		}
-		t := time.NewTimer(until.Sub(now))
+		t := time.NewTimer(wait)
 		select {
 		case <-*done:
 		case <-t.C:
@@ -197,17 +170,14 @@ func (d *dest) verifyHeld(w *watch, since time.Time, marks []time.Duration) verd
 	patience := marks[len(marks)-1]
 	if !w.lastAt.IsZero() && !w.lastAt.Before(since) && (w.last.answered || w.last.beyond >= patience) {
 		v := w.last
-		w.due.Store(0)
 		w.mu.Unlock()
 		return v
 	}
-	w.due.Store(time.Now().UnixNano())
 	if w.conn == nil && w.dialing {
 		// The background dial is under way: its deadline is a long one,
 		// which a process short of CPU needs; a dial of our own would
 		// have a short one.
 		dialed := w.dialed
-		w.due.Store(time.Now().Add(prepareDialTimeout).UnixNano())
 		w.mu.Unlock()
 		t := time.NewTimer(prepareDialTimeout)
 		select {
@@ -224,7 +194,6 @@ func (d *dest) verifyHeld(w *watch, since time.Time, marks []time.Duration) verd
 		d.answeredAt.Store(w.lastAt.UnixNano())
 	}
 	lost := w.conn == nil && w == &d.watch
-	w.due.Store(0)
 	next := make(chan struct{})
 	if done := w.done.Swap(&next); done != nil {
 		close(*done)
@@ -324,7 +293,6 @@ func (w *watch) dialLocked(d *dest) error {
 	if timeout == 0 {
 		timeout = watchDialTimeout
 	}
-	w.due.Store(time.Now().Add(timeout).UnixNano())
 	conn, err := d.dialWatch(timeout)
 	if err != nil {
 		return err
@@ -405,14 +373,14 @@ func (w *watch) pingLocked(marks []time.Duration) (v verdict, keep bool) {
 		// answers. The rest of a reply read in part is drained next
 		// time, from a plain socket; another connection serves again
 		// only whole.
-		return verdict{answered: true, late: late, within: mark, beyond: v.beyond}, plain || n < 0 || w.buf[n-1] == '\n'
+		return verdict{answered: true, late: late, within: mark, beyond: v.beyond, seen: time.Since(sent)},
+			plain || n < 0 || w.buf[n-1] == '\n'
 	}
 	for _, mark := range marks {
 		if mark <= v.beyond {
 			continue // known to have had no reply by then
 		}
 		deadline := sent.Add(mark)
-		w.due.Store(deadline.UnixNano())
 		_ = w.conn.SetReadDeadline(deadline)
 		n, err := w.conn.Read(w.buf[:])
 		if n > 0 {
@@ -449,7 +417,6 @@ func (w *watch) pingLocked(marks []time.Duration) (v verdict, keep bool) {
 			break
 		}
 		deadline = now.Add(min(late, maxVerifyWait-now.Sub(sent)))
-		w.due.Store(deadline.UnixNano())
 		_ = w.conn.SetReadDeadline(deadline)
 		if n, err := w.conn.Read(w.buf[:]); n > 0 {
 			return got(patience, true, n)

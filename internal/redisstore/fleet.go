@@ -63,7 +63,12 @@ func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (f
 // FleetAll runs calls as Fleet runs each, all queued at once, so that they
 // share batches and script runs as few as the batch size allows
 // (redispipe.Pipeliner.RunAll): a syncer's tick, which has many. The
-// reply and error of calls[i] go to out[i] and errs[i].
+// reply and error of calls[i] go to out[i] and errs[i]. Unlike Fleet's,
+// the calls are bounded by deadline alone, not by Config.Timeout: no
+// request waits for a tick, and a server slower than Timeout allows for
+// decisions (slow, see package redispipe) still takes a tick's calls
+// whose deadline leaves room for its round trip, so that the fleet modes
+// keep syncing.
 func (s *Store) FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error) {
 	if s.pipe == nil {
 		for i, c := range calls {
@@ -82,7 +87,7 @@ func (s *Store) FleetAll(ctx context.Context, deadline time.Time, calls []*fleet
 		runs = append(runs, redispipe.Call{Keys: []string{key}, Args: []any{arg}})
 		idx = append(idx, i)
 	}
-	s.pipe.RunAll(ctx, s.fleetDeadline(deadline), fleetScript, runs)
+	s.pipe.RunAll(ctx, deadline, fleetScript, runs)
 	for k, i := range idx {
 		out[i], errs[i] = fleetReply(calls[i], runs[k].Val, runs[k].Err)
 	}
