@@ -1,0 +1,191 @@
+package hitters
+
+import (
+	"runtime"
+	"strings"
+	"sync/atomic"
+)
+
+// Kind says whether an event's units were charged or denied.
+type Kind uint8
+
+// The kinds of event.
+const (
+	Charged Kind = iota
+	Denied
+	numKinds
+)
+
+// String returns "charged" or "denied".
+func (k Kind) String() string {
+	if k == Denied {
+		return "denied"
+	}
+	return "charged"
+}
+
+const (
+	// slotsPerShard is the capacity of each shard of the ring.
+	slotsPerShard = 512
+	// wakeEvery: a producer wakes the drainer each time it fills this
+	// many slots of a shard, so that a shard is drained long before it is
+	// full.
+	wakeEvery = slotsPerShard / 4
+	// inlineKey is the longest key a slot holds in place; a longer one is
+	// copied to the heap (one allocation).
+	inlineKey = 78
+	// maxShards bounds the shards, whatever GOMAXPROCS says.
+	maxShards = 16
+)
+
+// slot is one event in the ring, 128 bytes.
+type slot struct {
+	// seq is the slot's turn: pos when free for the producer at pos,
+	// pos+1 once that producer filled it (Vyukov's bounded queue).
+	seq   atomic.Uint64
+	rule  string
+	units int64
+	long  string // the key, when longer than inlineKey
+	n     uint8  // the key's length, when inline
+	kind  Kind
+	key   [inlineKey]byte
+}
+
+// shard is one ring of slots with its producers' and consumer's positions,
+// on cache lines of their own.
+type shard struct {
+	tail  atomic.Uint64 // the producers' next position
+	_     [56]byte
+	slots atomic.Pointer[[slotsPerShard]slot]
+	head  uint64 // the consumer's next position
+	_     [48]byte
+}
+
+// Ring carries events from the requests that make them to the one
+// goroutine that drains them: a bounded lock-free queue per shard
+// (multi-producer, one consumer), each producer sticking to the shard it
+// was given so that its cache lines stay on its core. Putting an event
+// copies its key into the slot and allocates nothing (but for keys longer
+// than 78 bytes); when a shard is full the event is dropped and counted,
+// never waited for.
+type Ring struct {
+	shards []shard
+	mask   uint32
+	next   atomic.Uint32
+	// wake has a value when the drainer should run now.
+	wake chan struct{}
+	// dropped counts the events and units dropped on full shards.
+	dropped, droppedUnits atomic.Uint64
+}
+
+// NewRing returns a ring of up to 16 shards (twice GOMAXPROCS), whose
+// memory (64 KiB a shard) is allocated when a shard is first used.
+func NewRing() *Ring {
+	n := 1
+	for n < 2*runtime.GOMAXPROCS(0) && n < maxShards {
+		n *= 2
+	}
+	return &Ring{shards: make([]shard, n), mask: uint32(n - 1), wake: make(chan struct{}, 1)}
+}
+
+// Shard returns the shard a producer should use, from 1: producers are
+// spread over the shards in turn. A producer keeps it (a per-P scratch
+// buffer does) so that each shard has few producers.
+func (r *Ring) Shard() uint32 { return r.next.Add(1)&r.mask + 1 }
+
+// Wake is signalled when a shard has filled a quarter more of its slots.
+func (r *Ring) Wake() <-chan struct{} { return r.wake }
+
+// Put adds an event to the shard (as Shard returned it). rule must be a
+// string that is never changed (a rule's name); key is copied.
+func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
+	sh := &r.shards[(shard-1)&r.mask]
+	slots := sh.slots.Load()
+	if slots == nil {
+		slots = sh.alloc()
+	}
+	pos := sh.tail.Load()
+	for {
+		s := &slots[pos%slotsPerShard]
+		seq := s.seq.Load()
+		switch {
+		case seq == pos:
+			if !sh.tail.CompareAndSwap(pos, pos+1) {
+				pos = sh.tail.Load()
+				continue
+			}
+			s.rule, s.units, s.kind = rule, units, kind
+			if len(key) <= inlineKey {
+				s.n = uint8(copy(s.key[:], key))
+			} else {
+				s.long = strings.Clone(key)
+			}
+			s.seq.Store(pos + 1)
+			if (pos+1)%wakeEvery == 0 {
+				select {
+				case r.wake <- struct{}{}:
+				default:
+				}
+			}
+			return
+		case seq < pos:
+			// The slot of the previous lap is not drained yet: full.
+			r.dropped.Add(1)
+			r.droppedUnits.Add(uint64(max(units, 0)))
+			return
+		default:
+			pos = sh.tail.Load() // another producer took pos
+		}
+	}
+}
+
+// alloc makes the shard's slots, once.
+func (sh *shard) alloc() *[slotsPerShard]slot {
+	s := new([slotsPerShard]slot)
+	for i := range s {
+		s[i].seq.Store(uint64(i))
+	}
+	if !sh.slots.CompareAndSwap(nil, s) {
+		return sh.slots.Load()
+	}
+	return s
+}
+
+// Drain hands every event in the ring to fn, oldest first within each
+// shard, and returns how many it handed. key is valid only during the
+// call. Only one goroutine may drain at a time.
+func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) int {
+	var buf [inlineKey]byte
+	n := 0
+	for i := range r.shards {
+		sh := &r.shards[i]
+		slots := sh.slots.Load()
+		if slots == nil {
+			continue
+		}
+		for {
+			s := &slots[sh.head%slotsPerShard]
+			if s.seq.Load() != sh.head+1 {
+				break
+			}
+			rule, units, kind := s.rule, s.units, s.kind
+			var key []byte
+			if s.long != "" {
+				key = []byte(s.long)
+			} else {
+				key = buf[:copy(buf[:], s.key[:s.n])]
+			}
+			s.rule, s.long, s.n = "", "", 0
+			s.seq.Store(sh.head + slotsPerShard)
+			sh.head++
+			fn(rule, key, units, kind)
+			n++
+		}
+	}
+	return n
+}
+
+// Dropped returns the events and units dropped so far on full shards.
+func (r *Ring) Dropped() (events, units uint64) {
+	return r.dropped.Load(), r.droppedUnits.Load()
+}
