@@ -48,7 +48,7 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 		return nil, err
 	}
 	limits, nominal := c.limits, c.nominal
-	if l.clients.overrides.n.Load() > 0 {
+	if l.clients.overrides.Len() > 0 {
 		if cl := l.overrideFor(c, key); cl != nil {
 			limits, nominal = cl.limits, cl.nominal // the client's override
 		}

@@ -3,11 +3,9 @@ package middleware
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/clients"
 	"github.com/sluicehq/sluice/internal/redisstore"
 	"github.com/sluicehq/sluice/keyfunc"
 )
@@ -47,155 +45,6 @@ var (
 	_ Refunder    = (*MemoryStore)(nil)
 )
 
-// The Redis store keeps bans and overrides for the fleet.
-
-func (r *RedisStore) setBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error) {
-	return r.s.SetBan(ctx, now, rule, key, d)
-}
-
-func (r *RedisStore) bannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error) {
-	return r.s.BannedUntil(ctx, now, rule, key)
-}
-
-func (r *RedisStore) liftBan(ctx context.Context, rule, key string) (bool, error) {
-	return r.s.LiftBan(ctx, rule, key)
-}
-
-func (r *RedisStore) bans(ctx context.Context, now time.Time, limit int) ([]redisstore.Ban, int, error) {
-	return r.s.Bans(ctx, now, limit)
-}
-
-func (r *RedisStore) adminVersion(ctx context.Context) (int64, error) { return r.s.AdminVersion(ctx) }
-
-func (r *RedisStore) setOverride(ctx context.Context, now time.Time, rule, key string, value []byte, until time.Time, max int) error {
-	return r.s.SetOverride(ctx, now, rule, key, value, until, max)
-}
-
-func (r *RedisStore) removeOverride(ctx context.Context, rule, key string) (bool, error) {
-	return r.s.RemoveOverride(ctx, rule, key)
-}
-
-func (r *RedisStore) loadOverrides(ctx context.Context) (int64, []redisstore.StoredOverride, error) {
-	return r.s.LoadOverrides(ctx)
-}
-
-// TakeAt is Take that also returns the instant Redis decided at; see
-// Refunder.
-func (r *RedisStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
-	return r.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
-}
-
-// Refund gives back admitted charges; see Refunder.
-func (r *RedisStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
-	return r.s.Refund(ctx, at, internalCharges(charges))
-}
-
-// TakeAt is Take that also returns the instant the store decided at; see
-// Refunder.
-func (m *MemoryStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
-	return m.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
-}
-
-// Refund gives back admitted charges; see Refunder.
-func (m *MemoryStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
-	return m.s.Refund(ctx, at, internalCharges(charges))
-}
-
-// clientID names a client under a rule.
-type clientID struct{ rule, key string }
-
-// banTable holds bans in memory, at most max: the bans themselves with
-// the memory store, and the bans this process has seen with a shared
-// store, so that a banned client's requests do not reach Redis again.
-type banTable struct {
-	mu  sync.RWMutex
-	n   atomic.Int64 // len(m), read without the lock
-	m   map[clientID]int64
-	max int
-}
-
-// until returns when the ban of id ends, in Unix ms, if it is in force at
-// now.
-func (t *banTable) until(id clientID, now int64) (int64, bool) {
-	if t.n.Load() == 0 {
-		return 0, false
-	}
-	t.mu.RLock()
-	u, ok := t.m[id]
-	t.mu.RUnlock()
-	return u, ok && u > now
-}
-
-// set records a ban of id ending at until, unless one that ends later is
-// there, and returns when the ban ends.
-func (t *banTable) set(id clientID, until, now int64) int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.m == nil {
-		t.m = map[clientID]int64{}
-	}
-	if u, ok := t.m[id]; ok && u >= until {
-		return u
-	}
-	if _, ok := t.m[id]; !ok && len(t.m) >= t.max {
-		// Full: drop an expired ban if one of a few is, else any.
-		var victim clientID
-		seen := 0
-		for k, u := range t.m {
-			victim = k
-			if u <= now || seen == 8 {
-				break
-			}
-			seen++
-		}
-		delete(t.m, victim)
-	}
-	t.m[id] = until
-	t.n.Store(int64(len(t.m)))
-	return until
-}
-
-// lift drops the ban of id and reports whether one was in force.
-func (t *banTable) lift(id clientID, now int64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	u, ok := t.m[id]
-	delete(t.m, id)
-	t.n.Store(int64(len(t.m)))
-	return ok && u > now
-}
-
-// list returns the bans in force at now, soonest to end first, dropping
-// those that ended.
-func (t *banTable) list(now int64) []Ban {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []Ban
-	for id, u := range t.m {
-		if u <= now {
-			delete(t.m, id)
-			continue
-		}
-		out = append(out, Ban{Rule: id.rule, Key: id.key, Until: time.UnixMilli(u)})
-	}
-	t.n.Store(int64(len(t.m)))
-	slices.SortFunc(out, func(a, b Ban) int { return a.Until.Compare(b.Until) })
-	return out
-}
-
-// clear drops every ban and returns the keys they were on.
-func (t *banTable) clear() []string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	keys := make([]string, 0, len(t.m))
-	for id := range t.m {
-		keys = append(keys, id.key)
-	}
-	clear(t.m)
-	t.n.Store(0)
-	return keys
-}
-
 // localNow is now as the limiter's clock says, or the process's clock.
 func (l *Limiter) localNow(now time.Time) time.Time {
 	if now.IsZero() {
@@ -211,15 +60,15 @@ func (l *Limiter) banned(ctx context.Context, now time.Time, r keyfunc.Request, 
 	local := l.localNow(now).UnixMilli()
 	found := -1
 	var until int64
-	var checked clientID
+	var checked clients.ID
 	for i := range s.charges {
 		c := &s.charges[i]
-		id := clientID{c.Name, c.Key}
+		id := clients.ID{Rule: c.Name, Key: c.Key}
 		if c.Limit.Ban <= 0 || id == checked {
 			continue // a rule's limits are in a row: its ban is read once
 		}
 		checked = id
-		if u, ok := l.clients.bans.until(id, local); ok {
+		if u, ok := l.clients.bans.Until(id, local); ok {
 			found, until = i, u
 			break
 		}
@@ -233,7 +82,7 @@ func (l *Limiter) banned(ctx context.Context, now time.Time, r keyfunc.Request, 
 			continue
 		}
 		if !u.IsZero() {
-			found, until = i, l.clients.bans.set(id, u.UnixMilli(), local)
+			found, until = i, l.clients.bans.Set(id, u.UnixMilli(), local)
 			break
 		}
 	}
@@ -262,7 +111,7 @@ func (l *Limiter) startBans(ctx context.Context, now time.Time, r keyfunc.Reques
 		if d.Allowed || c.Limit.Ban <= 0 || d.RetryAfter < 0 {
 			continue
 		}
-		id := clientID{c.Name, c.Key}
+		id := clients.ID{Rule: c.Name, Key: c.Key}
 		until := local + c.Limit.Ban.Milliseconds()
 		if sh := l.clients.shared; sh != nil {
 			u, err := sh.setBan(ctx, now, c.Name, c.Key, c.Limit.Ban)
@@ -272,7 +121,7 @@ func (l *Limiter) startBans(ctx context.Context, now time.Time, r keyfunc.Reques
 				until = u.UnixMilli()
 			}
 		}
-		until = l.clients.bans.set(id, until, local)
+		until = l.clients.bans.Set(id, until, local)
 		left := time.Duration(until-local) * time.Millisecond
 		d.RetryAfter, d.NextAfter, d.ResetAfter = max(d.RetryAfter, left), max(d.NextAfter, left), max(d.ResetAfter, left)
 		d.Remaining = 0
@@ -306,7 +155,11 @@ func (l *Limiter) Bans(ctx context.Context, limit int) ([]Ban, int, error) {
 		}
 		return out, total, nil
 	}
-	out := l.clients.bans.list(l.localNow(now).UnixMilli())
+	list := l.clients.bans.List(l.localNow(now).UnixMilli())
+	out := make([]Ban, len(list))
+	for i, b := range list {
+		out[i] = Ban{Rule: b.Rule, Key: b.Key, Until: time.UnixMilli(b.Until)}
+	}
 	total := len(out)
 	if len(out) > limit {
 		out = out[:limit]
@@ -329,7 +182,7 @@ func (l *Limiter) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 	if l.cfg.clock != nil {
 		now = l.cfg.clock()
 	}
-	was := l.clients.bans.lift(clientID{rule, key}, l.localNow(now).UnixMilli())
+	was := l.clients.bans.Lift(clients.ID{Rule: rule, Key: key}, l.localNow(now).UnixMilli())
 	if dc := l.cfg.denyCache; dc != nil {
 		dc.Forget(key)
 	}

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/adaptive"
 )
 
@@ -142,10 +141,7 @@ func (l *Limiter) elasticSpare(now time.Time) float64 {
 	if c == nil {
 		return 1
 	}
-	c.mu.Lock()
-	c.advance(now)
-	spare := c.g.Spare()
-	c.mu.Unlock()
+	spare := c.Figures(now).Spare
 	el := &l.ov.el
 	el.mu.Lock()
 	if !el.fleetAt.IsZero() && now.Sub(el.fleetAt) < l.cfg.capacity.FleetTTL {
@@ -204,101 +200,6 @@ func (l *Limiter) reportElastic(f float64) {
 	}
 }
 
-// elasticCharge is a charge of an elastic limit: the index of its charge
-// and the headroom open at the request's instant.
-type elasticCharge struct {
-	idx      int
-	headroom int // effective - Requests
-}
-
-// elasticSuffix names the counter of an elastic limit's headroom: the
-// rule's name with a character rule names cannot have, so it names no
-// rule's counter.
-const elasticSuffix = "~elastic"
-
-// elasticLimits rewrites, for a request, the limits of a rule some of
-// whose limits are elastic: the nominal limits become the effective ones
-// (what the headers advertise) and the policy is formatted afresh. base
-// is the index the rule's first charge will have. The charged limits are
-// unchanged: each elastic charge goes to its own counter first.
-func (l *Limiter) elasticLimits(s *scratch, base int, nominal []Limit, names []string) ([]Limit, string) {
-	now := l.overloadNow()
-	f := l.elasticFactor(now)
-	start := len(s.elNominal)
-	ps := make([]headers.Policy, len(nominal))
-	for i, lim := range nominal {
-		if lim.Ceiling > lim.Requests {
-			eff := adaptive.Effective(lim.Requests, lim.Ceiling, f)
-			s.elastic = append(s.elastic, elasticCharge{idx: base + i, headroom: eff - lim.Requests})
-			lim.Requests = eff
-		}
-		s.elNominal = append(s.elNominal, lim)
-		ps[i] = policyOf(names[i], lim)
-	}
-	return s.elNominal[start:], headers.FormatPolicies(ps...)
-}
-
-// takeElastic decides the charges of s: first against each limit's own
-// counter, and when the only charges denied are elastic ones with
-// headroom open, again with those charged to their headroom's counters.
-func (l *Limiter) takeElastic(ctx context.Context, now time.Time, s *scratch) (bool, error) {
-	allowed, err := l.takeAt(ctx, now, s.charges, s.decisions, s.atp)
-	if err != nil || allowed || len(s.elastic) == 0 {
-		return allowed, err
-	}
-	s.elAlt = append(s.elAlt[:0], s.charges...)
-	tried := false
-	for i := range s.decisions {
-		if s.decisions[i].Allowed {
-			continue
-		}
-		e := s.elasticAt(i)
-		if e == nil || e.headroom <= 0 {
-			return false, nil // a limit without headroom denies
-		}
-		c := &s.elAlt[i]
-		c.Name += elasticSuffix
-		c.Limit.Requests, c.Limit.Ceiling = e.headroom, 0
-		tried = true
-	}
-	if !tried {
-		return false, nil
-	}
-	s.elDec = grow(s.elDec, len(s.elAlt))
-	ok, err := l.take(ctx, now, s.elAlt, s.elDec)
-	if err != nil {
-		// The first answer stands: the limits' own counters denied.
-		l.cfg.report(nil, err)
-		return false, nil
-	}
-	for i := range s.decisions {
-		if s.elAlt[i].Name == s.charges[i].Name {
-			if ok {
-				s.decisions[i] = s.elDec[i]
-			}
-			continue
-		}
-		if ok {
-			s.decisions[i] = s.elDec[i]
-			s.elUsed = true
-		} else if d := s.elDec[i]; !d.Allowed && d.RetryAfter >= 0 && d.RetryAfter < s.decisions[i].RetryAfter {
-			// Denied by both counters: the first to make room.
-			s.decisions[i].RetryAfter, s.decisions[i].NextAfter = d.RetryAfter, d.NextAfter
-		}
-	}
-	return ok, nil
-}
-
-// elasticAt returns the elastic charge at index i, if it is one.
-func (s *scratch) elasticAt(i int) *elasticCharge {
-	for k := range s.elastic {
-		if s.elastic[k].idx == i {
-			return &s.elastic[k]
-		}
-	}
-	return nil
-}
-
 // fleetPublisher is implemented by stores shared by app servers that can
 // carry their spare capacity: the Redis store.
 type fleetPublisher interface {
@@ -345,10 +246,7 @@ func (l *Limiter) publishSpare(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	at := l.overloadNow()
-	c.mu.Lock()
-	c.advance(at)
-	local := c.g.Spare()
-	c.mu.Unlock()
+	local := c.Figures(at).Spare
 	fleet, n, err := p.publishSpare(ctx, now, l.cfg.capacity.Server, local, l.cfg.capacity.FleetTTL)
 	if err != nil {
 		return err

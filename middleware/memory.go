@@ -123,3 +123,14 @@ func (m *MemoryStore) Evictions() uint64 { return m.s.Evictions() }
 // idempotent and returns nil. The store still decides after Close; expired
 // counters are then reclaimed only as new counters arrive.
 func (m *MemoryStore) Close() error { return m.s.Close() }
+
+// TakeAt is Take that also returns the instant the store decided at; see
+// Refunder.
+func (m *MemoryStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	return m.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// Refund gives back admitted charges; see Refunder.
+func (m *MemoryStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return m.s.Refund(ctx, at, internalCharges(charges))
+}

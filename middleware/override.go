@@ -2,15 +2,14 @@ package middleware
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/clients"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/redisstore"
 )
@@ -68,35 +67,6 @@ func WithClientSync(d time.Duration) Option {
 		}
 		c.clientSync = d
 	}
-}
-
-// clientState holds the bans and overrides of a Limiter.
-type clientState struct {
-	bans      banTable
-	overrides overrideTable
-	// shared is the store's, when it keeps them for the fleet.
-	shared sharedState
-	// version is the shared version last loaded, and loaded whether one
-	// was.
-	version atomic.Int64
-	loaded  atomic.Bool
-	// gen counts the changes this Limiter made to its overrides, so that
-	// a reload read before one does not undo it.
-	gen atomic.Int64
-	// reportMu makes reports to observers one at a time, each counting
-	// what is in force when it is made, so that a report that started
-	// before a change cannot be told after the change's own.
-	reportMu sync.Mutex
-	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
-}
-
-// overrideTable holds the overrides in force, by rule and key.
-type overrideTable struct {
-	mu sync.RWMutex
-	n  atomic.Int64 // len(m), read without the lock
-	m  map[clientID]*override
 }
 
 // override is an Override with its limits compiled for the rule in force
@@ -173,22 +143,11 @@ func compileLimits(c *compiledRule, limits []Limit) *compiledLimits {
 // overrideFor returns the compiled override of rule for key, if one is in
 // force.
 func (l *Limiter) overrideFor(rule *compiledRule, key string) *compiledLimits {
-	t := &l.clients.overrides
-	t.mu.RLock()
-	o := t.m[clientID{rule.Name, key}]
-	t.mu.RUnlock()
-	if o == nil {
+	e := l.clients.overrides.Get(clients.ID{Rule: rule.Name, Key: key})
+	if e == nil || !e.Until.IsZero() && !e.Live(l.localNow(l.clock())) {
 		return nil
 	}
-	if !o.o.Until.IsZero() {
-		now := time.Now()
-		if l.cfg.clock != nil {
-			now = l.cfg.clock()
-		}
-		if !now.Before(o.o.Until) {
-			return nil
-		}
-	}
+	o := e.V
 	cl := o.compiled.Load()
 	if cl == nil || cl.rule != rule {
 		// The rules were replaced since: compile against the new rule.
@@ -235,7 +194,7 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 		return fmt.Errorf("sluice: override of rule %q: it ends at %s, already past", o.Rule, o.Until.Format(time.RFC3339))
 	}
 	if sh := l.clients.shared; sh != nil {
-		v, err := encodeLimits(o.Limits)
+		v, err := clients.EncodeLimits(internalLimits(o.Limits))
 		if err != nil {
 			return err
 		}
@@ -247,101 +206,42 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 		}
 	}
 	l.clients.gen.Add(1) // before the change: a reload that read before it is dropped
-	if err := l.clients.overrides.put(&override{o: o}, cl, now, l.cfg.maxOverrides); err != nil {
-		return err
+	ov := &override{o: o}
+	ov.compiled.Store(cl)
+	if !l.clients.overrides.Put(&clients.Entry[*override]{ID: clients.ID{Rule: o.Rule, Key: o.Key}, Until: o.Until, V: ov}, now, l.cfg.maxOverrides) {
+		return fmt.Errorf("%w: %d held", ErrTooManyOverrides, l.cfg.maxOverrides)
 	}
 	l.reportClientState()
 	return nil
 }
 
-// put adds or replaces o, compiled as cl, unless the table holds max
-// overrides in force already and o is new.
-func (t *overrideTable) put(o *override, cl *compiledLimits, now time.Time, max int) error {
-	o.compiled.Store(cl)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	id := clientID{o.o.Rule, o.o.Key}
-	if _, ok := t.m[id]; !ok && len(t.m) >= max {
-		t.dropEnded(now)
-		if len(t.m) >= max {
-			return fmt.Errorf("%w: %d held", ErrTooManyOverrides, max)
-		}
-	}
-	if t.m == nil {
-		t.m = map[clientID]*override{}
-	}
-	t.m[id] = o
-	t.n.Store(int64(len(t.m)))
-	return nil
-}
-
-// dropEnded drops the overrides that ended before now; t.mu is held.
-func (t *overrideTable) dropEnded(now time.Time) {
-	for id, o := range t.m {
-		if !o.o.Until.IsZero() && !now.Before(o.o.Until) {
-			delete(t.m, id)
-		}
-	}
-	t.n.Store(int64(len(t.m)))
-}
-
 // Override returns the override of rule for key, if one is in force.
 func (l *Limiter) Override(rule, key string) (Override, bool) {
-	t := &l.clients.overrides
-	t.mu.RLock()
-	o := t.m[clientID{rule, key}]
-	t.mu.RUnlock()
-	if o == nil || !o.o.Until.IsZero() && !l.localNow(l.clock()).Before(o.o.Until) {
+	e := l.clients.overrides.Get(clients.ID{Rule: rule, Key: key})
+	if e == nil || !e.Live(l.localNow(l.clock())) {
 		return Override{}, false
 	}
-	out := o.o
+	out := e.V.o
 	out.Limits = slices.Clone(out.Limits)
 	return out, true
 }
 
 // Overrides returns the overrides in force, by rule and key.
 func (l *Limiter) Overrides() []Override {
-	now := l.localNow(l.clock())
-	t := &l.clients.overrides
-	t.mu.RLock()
-	out := make([]Override, 0, len(t.m))
-	for _, o := range t.m {
-		if o.o.Until.IsZero() || now.Before(o.o.Until) {
-			c := o.o
-			c.Limits = slices.Clone(c.Limits)
-			out = append(out, c)
-		}
+	list := l.clients.overrides.List(l.localNow(l.clock()))
+	out := make([]Override, len(list))
+	for i, e := range list {
+		out[i] = e.V.o
+		out[i].Limits = slices.Clone(out[i].Limits)
 	}
-	t.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Override) int {
-		if a.Rule != b.Rule {
-			return compareStrings(a.Rule, b.Rule)
-		}
-		return compareStrings(a.Key, b.Key)
-	})
 	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // RemoveOverride removes the override of rule for key, here and, with a
 // shared store, for the fleet, and reports whether there was one.
 func (l *Limiter) RemoveOverride(ctx context.Context, rule, key string) (bool, error) {
-	t := &l.clients.overrides
 	l.clients.gen.Add(1) // before the change, as in SetOverride
-	t.mu.Lock()
-	_, was := t.m[clientID{rule, key}]
-	delete(t.m, clientID{rule, key})
-	t.n.Store(int64(len(t.m)))
-	t.mu.Unlock()
+	was := l.clients.overrides.Remove(clients.ID{Rule: rule, Key: key})
 	if sh := l.clients.shared; sh != nil {
 		ok, err := sh.removeOverride(ctx, rule, key)
 		if err != nil {
@@ -359,191 +259,6 @@ func (l *Limiter) clock() time.Time {
 		return l.cfg.clock()
 	}
 	return time.Time{}
-}
-
-// startClientSync starts following the fleet's overrides and bans when the
-// store keeps them, or reporting the counts to observers that want them.
-func (l *Limiter) startClientSync() {
-	cs := &l.clients
-	cs.bans.max = DefaultMaxBans
-	if sh, ok := l.cfg.store.(sharedState); ok {
-		cs.shared = sh
-	} else if !l.wantsClientState() {
-		return
-	} else {
-		l.reportClientState() // the gauges exist from the start
-	}
-	cs.stop, cs.done = make(chan struct{}), make(chan struct{})
-	go l.syncLoop(cs.stop, cs.done)
-}
-
-// stopClientSync stops the sync loop, if it runs.
-func (l *Limiter) stopClientSync() {
-	cs := &l.clients
-	cs.stopOnce.Do(func() {
-		if cs.stop != nil {
-			close(cs.stop)
-			<-cs.done
-		}
-	})
-}
-
-func (l *Limiter) syncLoop(stop, done chan struct{}) {
-	defer close(done)
-	every := l.cfg.clientSync
-	if every == 0 {
-		every = DefaultClientSync
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		l.syncOnce(every)
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// syncOnce reloads the fleet's overrides if they changed, forgetting the
-// bans seen so far (one may have been lifted), and reports the counts.
-func (l *Limiter) syncOnce(timeout time.Duration) {
-	cs := &l.clients
-	if sh := cs.shared; sh != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		v, err := sh.adminVersion(ctx)
-		if err != nil {
-			// Retried at the next interval; the store's health events
-			// tell of the outage.
-			return
-		}
-		if !cs.loaded.Load() || v != cs.version.Load() {
-			if err := l.loadOverrides(ctx); err != nil {
-				return // retried at the next interval
-			}
-			for _, k := range cs.bans.clear() {
-				if dc := l.cfg.denyCache; dc != nil {
-					dc.Forget(k)
-				}
-			}
-		}
-	}
-	l.reportClientState()
-}
-
-// loadOverrides replaces the overrides with the fleet's.
-func (l *Limiter) loadOverrides(ctx context.Context) error {
-	cs := &l.clients
-	gen := cs.gen.Load()
-	v, list, err := cs.shared.loadOverrides(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: load the overrides: %w", ErrStore, err)
-	}
-	now := l.localNow(l.clock())
-	m := make(map[clientID]*override, len(list))
-	for _, so := range list {
-		if !so.Until.IsZero() && !now.Before(so.Until) {
-			continue
-		}
-		limits, err := decodeLimits(so.Value)
-		if err != nil {
-			l.cfg.report(nil, fmt.Errorf("sluice: override of rule %q: %w", so.Rule, err))
-			continue
-		}
-		m[clientID{so.Rule, so.Key}] = &override{o: Override{Rule: so.Rule, Key: so.Key, Limits: limits, Until: so.Until}}
-	}
-	t := &cs.overrides
-	t.mu.Lock()
-	if cs.gen.Load() != gen {
-		// This Limiter changed an override while the fleet's were read:
-		// they may not include the change. The next sync reads them again
-		// (the change moved the version on).
-		t.mu.Unlock()
-		return nil
-	}
-	t.m = m
-	t.n.Store(int64(len(m)))
-	t.mu.Unlock()
-	cs.version.Store(v)
-	cs.loaded.Store(true)
-	return nil
-}
-
-func (l *Limiter) wantsClientState() bool { return l.cfg.obs != nil }
-
-// reportClientState tells the observers how many overrides and bans are in
-// force.
-func (l *Limiter) reportClientState() {
-	if !l.wantsClientState() {
-		return
-	}
-	l.clients.reportMu.Lock()
-	defer l.clients.reportMu.Unlock()
-	var bans int
-	if sh := l.clients.shared; sh != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, n, err := sh.bans(ctx, l.clock(), 0)
-		cancel()
-		if err != nil {
-			return
-		}
-		bans = n
-	} else {
-		bans = len(l.clients.bans.list(l.localNow(l.clock()).UnixMilli()))
-	}
-	l.cfg.obs.ClientState(len(l.Overrides()), bans)
-}
-
-// limitJSON is a Limit as overrides are kept in a shared store.
-type limitJSON struct {
-	Requests   int    `json:"requests"`
-	WindowMs   int64  `json:"window_ms,omitempty"`
-	Algorithm  uint8  `json:"algorithm,omitempty"`
-	Burst      int    `json:"burst,omitempty"`
-	Period     uint8  `json:"period,omitempty"`
-	TimeZone   string `json:"time_zone,omitempty"`
-	MaxLog     int    `json:"max_log,omitempty"`
-	MaxDelayMs int64  `json:"max_delay_ms,omitempty"`
-	BanMs      int64  `json:"ban_ms,omitempty"`
-}
-
-func encodeLimits(limits []Limit) ([]byte, error) {
-	out := make([]limitJSON, len(limits))
-	for i, l := range limits {
-		out[i] = limitJSON{Requests: l.Requests, WindowMs: l.Window.Milliseconds(), Algorithm: uint8(l.Algorithm), Burst: l.Burst,
-			Period: uint8(l.Period), MaxLog: l.MaxLog, MaxDelayMs: l.MaxDelay.Milliseconds(), BanMs: l.Ban.Milliseconds()}
-		if l.Location != nil {
-			out[i].TimeZone = l.Location.String()
-		}
-	}
-	return json.Marshal(out)
-}
-
-func decodeLimits(b []byte) ([]Limit, error) {
-	var in []limitJSON
-	if err := json.Unmarshal(b, &in); err != nil {
-		return nil, err
-	}
-	out := make([]Limit, len(in))
-	for i, j := range in {
-		l := Limit{Requests: j.Requests, Window: time.Duration(j.WindowMs) * time.Millisecond, Algorithm: Algorithm(j.Algorithm),
-			Burst: j.Burst, Period: Period(j.Period), MaxLog: j.MaxLog, MaxDelay: time.Duration(j.MaxDelayMs) * time.Millisecond,
-			Ban: time.Duration(j.BanMs) * time.Millisecond}
-		if j.TimeZone != "" {
-			loc, err := time.LoadLocation(j.TimeZone)
-			if err != nil {
-				return nil, err
-			}
-			l.Location = loc
-		}
-		if err := l.Validate(); err != nil {
-			return nil, err
-		}
-		out[i] = l
-	}
-	return out, nil
 }
 
 func isTooMany(err error) bool { return errors.Is(err, redisstore.ErrTooManyOverrides) }

@@ -246,3 +246,46 @@ func (s *observerSet) remove(id uint64) {
 	s.ids = slices.Delete(s.ids, i, i+1)
 	s.list.Store(&list)
 }
+
+// The Redis store keeps bans and overrides for the fleet.
+
+func (r *RedisStore) setBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error) {
+	return r.s.SetBan(ctx, now, rule, key, d)
+}
+
+func (r *RedisStore) bannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error) {
+	return r.s.BannedUntil(ctx, now, rule, key)
+}
+
+func (r *RedisStore) liftBan(ctx context.Context, rule, key string) (bool, error) {
+	return r.s.LiftBan(ctx, rule, key)
+}
+
+func (r *RedisStore) bans(ctx context.Context, now time.Time, limit int) ([]redisstore.Ban, int, error) {
+	return r.s.Bans(ctx, now, limit)
+}
+
+func (r *RedisStore) adminVersion(ctx context.Context) (int64, error) { return r.s.AdminVersion(ctx) }
+
+func (r *RedisStore) setOverride(ctx context.Context, now time.Time, rule, key string, value []byte, until time.Time, max int) error {
+	return r.s.SetOverride(ctx, now, rule, key, value, until, max)
+}
+
+func (r *RedisStore) removeOverride(ctx context.Context, rule, key string) (bool, error) {
+	return r.s.RemoveOverride(ctx, rule, key)
+}
+
+func (r *RedisStore) loadOverrides(ctx context.Context) (int64, []redisstore.StoredOverride, error) {
+	return r.s.LoadOverrides(ctx)
+}
+
+// TakeAt is Take that also returns the instant Redis decided at; see
+// Refunder.
+func (r *RedisStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	return r.s.TakeAt(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// Refund gives back admitted charges; see Refunder.
+func (r *RedisStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return r.s.Refund(ctx, at, internalCharges(charges))
+}

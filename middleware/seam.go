@@ -38,3 +38,14 @@ func internalDecisions(ds []Decision) []window.Decision {
 func internalSlots(ss []*Slot) []*window.Slot {
 	return unsafe.Slice((**window.Slot)(unsafe.Pointer(unsafe.SliceData(ss))), len(ss))
 }
+
+// internalLimits returns ls as internal/window's Limits, sharing their
+// memory.
+func internalLimits(ls []Limit) []window.Limit {
+	return unsafe.Slice((*window.Limit)(unsafe.Pointer(unsafe.SliceData(ls))), len(ls))
+}
+
+// publicLimits returns ls as Limits, sharing their memory.
+func publicLimits(ls []window.Limit) []Limit {
+	return unsafe.Slice((*Limit)(unsafe.Pointer(unsafe.SliceData(ls))), len(ls))
+}
