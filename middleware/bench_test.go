@@ -52,7 +52,8 @@ var floor = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // are the middleware's own. floor-5-fields sets five constant fields like
 // the limiter's, without a limiter: the least any limiter sending them
 // could cost. hot-key-observed is hot-key with an Observer that counts
-// decisions.
+// decisions. The -untracked cases turn off the tracking of top clients
+// (on by default).
 func BenchmarkMiddleware(b *testing.B) {
 	benchMiddleware(b, func() func() http.ResponseWriter {
 		w := &discardWriter{h: make(http.Header, 8)}
@@ -116,12 +117,18 @@ func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) 
 	b.Run("hot-key-observed", func(b *testing.B) {
 		run(b, newHandler(b, middleware.WithObserver(&decisionCounter{})), 1)
 	})
-	b.Run("distinct-100k", func(b *testing.B) {
-		h := newHandler(b)
+	distinctCase := func(b *testing.B, opts ...middleware.Option) {
+		h := newHandler(b, opts...)
 		w := newWriter()
 		for _, r := range reqs { // every key exists before timing
 			h.ServeHTTP(w(), r)
 		}
 		run(b, h, distinct)
-	})
+	}
+	b.Run("distinct-100k", func(b *testing.B) { distinctCase(b) })
+	// The same without tracking top clients: what noting each decision
+	// for them costs is the difference.
+	untracked := middleware.WithTopClients(middleware.TopConfig{Off: true})
+	b.Run("hot-key-untracked", func(b *testing.B) { run(b, newHandler(b, untracked), 1) })
+	b.Run("distinct-100k-untracked", func(b *testing.B) { distinctCase(b, untracked) })
 }

@@ -38,7 +38,7 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
-	defer s.release()
+	defer l.released(s, res)
 
 	matched, err := l.matchRules(set, r, s, res)
 	if err != nil {
@@ -479,6 +479,9 @@ type scratch struct {
 	counting countingRules
 	banning  bool
 	overloadScratch
+	// topShard is the shard of the top-client tracker's ring this scratch
+	// puts its events in (from 1; 0 until it first does).
+	topShard uint32
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's

@@ -57,7 +57,7 @@ type shard struct {
 	tail  atomic.Uint64 // the producers' next position
 	_     [56]byte
 	slots atomic.Pointer[[slotsPerShard]slot]
-	head  uint64 // the consumer's next position
+	head  atomic.Uint64 // the consumer's next position
 	_     [48]byte
 }
 
@@ -122,10 +122,7 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 			}
 			s.seq.Store(pos + 1)
 			if (pos+1)%wakeEvery == 0 {
-				select {
-				case r.wake <- struct{}{}:
-				default:
-				}
+				r.wakeUp(sh, pos+1)
 			}
 			return
 		case seq < pos:
@@ -136,6 +133,20 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 		default:
 			pos = sh.tail.Load() // another producer took pos
 		}
+	}
+}
+
+// wakeUp wakes the drainer and, if the shard is more than half full (the
+// drainer is falling behind: on a busy server it waits for a processor),
+// yields this goroutine's processor so that it runs now rather than after
+// the scheduler's time slice, by which time the shard would overflow.
+func (r *Ring) wakeUp(sh *shard, filled uint64) {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	if filled-sh.head.Load() > slotsPerShard/2 {
+		runtime.Gosched()
 	}
 }
 
@@ -163,9 +174,10 @@ func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) i
 		if slots == nil {
 			continue
 		}
+		head := sh.head.Load()
 		for {
-			s := &slots[sh.head%slotsPerShard]
-			if s.seq.Load() != sh.head+1 {
+			s := &slots[head%slotsPerShard]
+			if s.seq.Load() != head+1 {
 				break
 			}
 			rule, units, kind := s.rule, s.units, s.kind
@@ -176,8 +188,9 @@ func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) i
 				key = buf[:copy(buf[:], s.key[:s.n])]
 			}
 			s.rule, s.long, s.n = "", "", 0
-			s.seq.Store(sh.head + slotsPerShard)
-			sh.head++
+			s.seq.Store(head + slotsPerShard)
+			head++
+			sh.head.Store(head)
 			fn(rule, key, units, kind)
 			n++
 		}

@@ -5,6 +5,9 @@ package hitters
 type Series struct {
 	span  int64
 	slots []point
+	// at and last are the instant of the last AddN and its point.
+	at   int64
+	last *point
 }
 
 // Point is what a Series counted in one interval.
@@ -32,13 +35,17 @@ func (s *Series) Add(kind Kind, units uint64, now int64) { s.AddN(kind, 1, units
 
 // AddN counts n events of units in all at now.
 func (s *Series) AddN(kind Kind, n, units uint64, now int64) {
-	start := now - now%s.span
-	p := &s.slots[int(start/s.span)%len(s.slots)]
-	if !p.used || p.Start != start {
-		if p.used && start < p.Start {
-			return // older than the slot's interval: out of the series
+	p := s.last
+	if p == nil || now != s.at {
+		start := now - now%s.span
+		p = &s.slots[int(start/s.span)%len(s.slots)]
+		if !p.used || p.Start != start {
+			if p.used && start < p.Start {
+				return // older than the slot's interval: out of the series
+			}
+			*p = point{Point: Point{Start: start}, used: true}
 		}
-		*p = point{Point: Point{Start: start}, used: true}
+		s.at, s.last = now, p
 	}
 	if kind == Denied {
 		p.Denied += n

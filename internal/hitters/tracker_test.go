@@ -262,25 +262,38 @@ func TestFleetMerge(t *testing.T) {
 }
 
 // BenchmarkTrackerDrain: what the drainer spends per event (off the
-// request path): a rule of k = 100, skewed clients.
+// request path) for a rule of k = 100: skewed clients (Zipf over 10,000),
+// and a new client at every event (100,000 cycled), where each event
+// takes a counter.
 func BenchmarkTrackerDrain(b *testing.B) {
-	tr := New(Config{Every: time.Hour})
-	defer tr.Close()
-	tr.SetRules(map[string]int{"api": 0})
 	r := rand.New(rand.NewPCG(8, 8))
 	z := rand.NewZipf(r, 1.2, 1, 9_999)
-	keys := make([]string, 4096)
-	for i := range keys {
-		keys[i] = "ip:" + strconv.FormatUint(z.Uint64(), 10)
+	skewed := make([]string, 4096)
+	for i := range skewed {
+		skewed[i] = "ip:" + strconv.FormatUint(z.Uint64(), 10)
 	}
-	sh := tr.Shard()
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		tr.Note(sh, "api", keys[i%len(keys)], 1, Charged)
-		if i%256 == 255 {
-			tr.mu.Lock()
-			tr.drainLocked()
-			tr.mu.Unlock()
-		}
+	distinct := make([]string, 100_000)
+	for i := range distinct {
+		distinct[i] = "ip:10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+	}
+	for _, c := range []struct {
+		name string
+		keys []string
+	}{{"skewed", skewed}, {"distinct", distinct}} {
+		b.Run(c.name, func(b *testing.B) {
+			tr := New(Config{Every: time.Hour})
+			defer tr.Close()
+			tr.SetRules(map[string]int{"api": 0})
+			sh := tr.Shard()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				tr.Note(sh, "api", c.keys[i%len(c.keys)], 1, Charged)
+				if i%128 == 127 {
+					tr.mu.Lock()
+					tr.drainLocked()
+					tr.mu.Unlock()
+				}
+			}
+		})
 	}
 }

@@ -37,6 +37,7 @@ package topk
 import (
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // Summary is a Space-Saving summary with at most k counters. The zero
@@ -53,7 +54,11 @@ type Summary struct {
 }
 
 type counter struct {
+	// key is the key, its bytes those of buf, which the counter reuses
+	// for the next key that takes it: a replacement allocates nothing
+	// once buf is long enough. Views copy it.
 	key   string
+	buf   []byte
 	count uint64 // at least the key's true units
 	err   uint64 // count − err is at most the key's true units
 	first int64  // when the key took this counter (Unix ms)
@@ -81,8 +86,7 @@ func (s *Summary) Len() int { return len(s.heap) }
 func (s *Summary) Reset() {
 	clear(s.heap)
 	s.heap = s.heap[:0]
-	clear(s.nodes)
-	s.nodes = s.nodes[:0]
+	s.nodes = s.nodes[:0] // their buffers are reused
 	clear(s.idx)
 	s.n = 0
 }
@@ -106,11 +110,20 @@ func (s *Summary) Add(key []byte, units uint64, now int64) {
 		s.heap = make([]*counter, 0, s.k)
 	}
 	if len(s.heap) < s.k {
-		k := string(key)
-		s.nodes = append(s.nodes, counter{key: k, count: units, first: now, pos: len(s.heap)})
-		c := &s.nodes[len(s.nodes)-1]
+		var c *counter
+		if len(s.nodes) < cap(s.nodes) {
+			// A node of before a Reset: its buffer is reused.
+			s.nodes = s.nodes[:len(s.nodes)+1]
+			c = &s.nodes[len(s.nodes)-1]
+			c.count, c.err, c.first = units, 0, now
+		} else {
+			s.nodes = append(s.nodes, counter{count: units, first: now})
+			c = &s.nodes[len(s.nodes)-1]
+		}
+		c.setKey(key)
+		c.pos = len(s.heap)
 		s.heap = append(s.heap, c)
-		s.idx[k] = c
+		s.idx[c.key] = c
 		s.up(c.pos)
 		return
 	}
@@ -118,10 +131,23 @@ func (s *Summary) Add(key []byte, units uint64, now int64) {
 	// the new key's possible overestimate.
 	m := s.heap[0]
 	delete(s.idx, m.key)
-	k := string(key)
-	m.key, m.err, m.count, m.first = k, m.count, m.count+units, now
-	s.idx[k] = m
+	m.setKey(key)
+	m.err, m.count, m.first = m.count, m.count+units, now
+	s.idx[m.key] = m
 	s.down(0)
+}
+
+// setKey makes key the counter's, in its buffer. The previous key must
+// be out of the index: its bytes are overwritten.
+func (c *counter) setKey(key []byte) {
+	if cap(c.buf) < len(key) {
+		c.buf = make([]byte, len(key), max(len(key), 24))
+	}
+	c.buf = append(c.buf[:0], key...)
+	c.key = unsafe.String(unsafe.SliceData(c.buf), len(c.buf))
+	if len(key) == 0 {
+		c.key = ""
+	}
 }
 
 // min returns the smallest count if every counter is taken, else 0: an
@@ -204,7 +230,7 @@ func (s *Summary) View() View {
 		if c.count <= m {
 			continue
 		}
-		v.Entries = append(v.Entries, Entry{Key: c.key, G: c.count - m, Hi: c.count, Lo: c.count - c.err, First: c.first})
+		v.Entries = append(v.Entries, Entry{Key: strings.Clone(c.key), G: c.count - m, Hi: c.count, Lo: c.count - c.err, First: c.first})
 	}
 	sortEntries(v.Entries)
 	return v

@@ -200,6 +200,28 @@ func TestSummaryReusesKeyBuffer(t *testing.T) {
 	}
 }
 
+// TestViewKeysStay: a view's keys are its own: counters reused for other
+// keys afterwards (their bytes rewritten in place) do not change them.
+func TestViewKeysStay(t *testing.T) {
+	t.Parallel()
+	s := NewSummary(4)
+	for _, k := range []string{"alpha", "beta", "gamma"} {
+		s.Add([]byte(k), 10, 0)
+	}
+	v := s.View()
+	s.Reset()
+	for i := range 100 {
+		s.Add([]byte("zz"+strconv.Itoa(i)), 1, 0)
+	}
+	var got []string
+	for _, e := range v.Entries {
+		got = append(got, e.Key)
+	}
+	if !slices.Equal(got, []string{"alpha", "beta", "gamma"}) {
+		t.Fatalf("view keys after reuse: %q", got)
+	}
+}
+
 // TestMergeBounds: a stream split between several summaries (servers, or
 // periods), their views merged all at once or in a tree of pairs, keeps
 // the bounds against the exact counts of the whole stream.

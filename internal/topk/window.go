@@ -17,6 +17,9 @@ type Window struct {
 	fine   []fineBucket
 	coarse []coarseBucket
 	cur    int64 // the start of the fine bucket of the last Add or View
+	// at and last are the instant of the last Add and its bucket.
+	at   int64
+	last *fineBucket
 }
 
 type fineBucket struct {
@@ -45,6 +48,11 @@ func NewWindow(k, buckets int, span, ratio int64) *Window {
 
 // Add counts units for key at now.
 func (w *Window) Add(key []byte, units uint64, now int64) {
+	if b := w.last; b != nil && now == w.at && b.start == w.cur {
+		b.s.Add(key, units, now)
+		return
+	}
+	w.last = nil
 	start := now - now%w.span
 	if start < w.cur {
 		start, now = w.cur, w.cur // a clock gone back: counted as of the latest bucket
@@ -62,6 +70,9 @@ func (w *Window) Add(key []byte, units uint64, now int64) {
 			b.s.Reset()
 		}
 		b.start, b.merged = start, false
+	}
+	if start == w.cur {
+		w.at, w.last = now, b
 	}
 	b.s.Add(key, units, now)
 }
@@ -148,6 +159,9 @@ func (w *Window) Trim(now int64) {
 	for i := range w.fine {
 		if b := &w.fine[i]; b.s != nil && b.merged && !w.inFine(b.start, cur) {
 			b.s, b.start = nil, -1
+			if w.last == b {
+				w.last = nil
+			}
 		}
 		if c := &w.coarse[i]; c.start >= 0 && !w.inCoarse(c.start, cs) {
 			c.start, c.v = -1, View{}
