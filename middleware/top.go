@@ -94,15 +94,26 @@ type topBacked interface {
 func (r *RedisStore) topStore() *redisstore.Store  { return r.s }
 func (s *RegionStore) topStore() *redisstore.Store { return s.local.s }
 
-// redisTop publishes and collects summaries in Redis, on its clock.
-type redisTop struct{ s *redisstore.Store }
+// redisTop publishes and collects summaries in Redis, on the Redis clock
+// unless the limiter has one (WithClock).
+type redisTop struct {
+	s     *redisstore.Store
+	clock func() time.Time
+}
+
+func (b redisTop) now() time.Time {
+	if b.clock != nil {
+		return b.clock()
+	}
+	return time.Time{}
+}
 
 func (b redisTop) Publish(ctx context.Context, rule, server string, payload []byte, ttl time.Duration) error {
-	return b.s.PublishTop(ctx, time.Time{}, rule, server, payload, ttl)
+	return b.s.PublishTop(ctx, b.now(), rule, server, payload, ttl)
 }
 
 func (b redisTop) Collect(ctx context.Context, rule string, ttl time.Duration) ([]hitters.Published, error) {
-	list, err := b.s.CollectTop(ctx, time.Time{}, rule, ttl)
+	list, err := b.s.CollectTop(ctx, b.now(), rule, ttl)
 	out := make([]hitters.Published, len(list))
 	for i, ts := range list {
 		out[i] = hitters.Published{Server: ts.Server, Payload: ts.Payload, Age: ts.Age}
@@ -124,11 +135,12 @@ func (l *Limiter) startTop() {
 		if tc.Server == "" {
 			host, _ := os.Hostname()
 			tc.Server = host + "-" + newSlotID()[:6]
+			l.cfg.top.Server = tc.Server
 		}
 		if tc.Publish == 0 {
 			tc.Publish = DefaultTopPublish
 		}
-		cfg.Fleet = &hitters.FleetConfig{Backend: redisTop{tb.topStore()}, Server: tc.Server, Every: tc.Publish, TTL: tc.TTL}
+		cfg.Fleet = &hitters.FleetConfig{Backend: redisTop{tb.topStore(), l.cfg.clock}, Server: tc.Server, Every: tc.Publish, TTL: tc.TTL}
 	}
 	l.top.t = hitters.New(cfg)
 }

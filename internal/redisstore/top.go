@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redispipe"
 )
 
 //go:embed top.lua
@@ -92,4 +94,14 @@ func (s *Store) CollectTop(ctx context.Context, now time.Time, rule string, ttl 
 		out = append(out, TopSummary{Server: name, Payload: []byte(payload), Age: time.Duration(max(at-published, 0)) * time.Millisecond})
 	}
 	return out, nil
+}
+
+// Servers returns the health of the Redis servers the store has sent to
+// (nil for a client the store does not pipeline, whose health it does
+// not follow).
+func (s *Store) Servers() []redispipe.ServerState {
+	if s.pipe == nil {
+		return nil
+	}
+	return s.pipe.Servers()
 }
