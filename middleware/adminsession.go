@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -173,11 +172,21 @@ func (a *admin) serveSession(w http.ResponseWriter, r *http.Request) {
 			adminJSON(w, http.StatusForbidden, map[string]string{"error": "cross-origin request refused"})
 			return
 		}
+		// The page posts JSON; without its script, the form posts
+		// token=… and is sent back to the page.
+		form := strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded")
 		var body struct {
 			Token string `json:"token"`
 		}
-		dec := json.NewDecoder(io.LimitReader(r.Body, maxTokenLen+64))
-		if err := dec.Decode(&body); err != nil || !cookieSafe(body.Token) {
+		var err error
+		r.Body = http.MaxBytesReader(w, r.Body, maxTokenLen+64)
+		if form {
+			err = r.ParseForm()
+			body.Token = r.PostForm.Get("token")
+		} else {
+			err = json.NewDecoder(r.Body).Decode(&body)
+		}
+		if err != nil || !cookieSafe(body.Token) {
 			adminJSON(w, http.StatusBadRequest, map[string]string{"error": `want {"token": "…"}`})
 			return
 		}
@@ -186,6 +195,10 @@ func (a *admin) serveSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		http.SetCookie(w, a.cookie(r, body.Token, a.signIn()))
+		if form {
+			http.Redirect(w, r, mountPath(r)+"/", http.StatusSeeOther)
+			return
+		}
 		adminJSON(w, http.StatusOK, sessionState{SignedIn: true, CSRF: adminauth.CSRFToken(body.Token), HashedKeys: len(a.cfg.HashKeys) > 0})
 	case http.MethodDelete:
 		if forged(w, r, au) {

@@ -172,16 +172,19 @@ function fillRuleSelects() {
 function renderRates(data) {
   const box = $("rates");
   const secs = (data.interval_ms || 10000) / 1000;
-  const charts = (data.rules || []).map((rr) => {
+  const busy = (rr) => (rr.points || []).some((p) => p.allowed || p.denied);
+  const quiet = (data.rules || []).filter((rr) => !busy(rr)).map((rr) => rr.rule);
+  $("rates-quiet").textContent = quiet.length ? "No request in 15 minutes: " + quiet.join(", ") : "";
+  const charts = (data.rules || []).filter(busy).map((rr) => {
     const pts = rr.points || [];
     const max = Math.max(1, ...pts.map((p) => Math.max(p.allowed, p.denied)));
-    const w = 300, h = 60;
+    const w = 300, h = 40;
     const line = (f) => pts.map((p, i) => (i * w / Math.max(1, pts.length - 1)).toFixed(1) + "," + (h - 2 - (f(p) / max) * (h - 4)).toFixed(1)).join(" ");
     const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, preserveAspectRatio: "none", role: "img",
       "aria-label": `${rr.rule}: allowed and denied requests over 15 minutes` });
     s.append(svg("line", { x1: 0, y1: h - 1, x2: w, y2: h - 1, class: "axis" }));
-    s.append(svg("polyline", { points: line((p) => p.allowed), class: "allowed" }));
-    s.append(svg("polyline", { points: line((p) => p.denied), class: "denied" }));
+    if (pts.some((p) => p.allowed)) s.append(svg("polyline", { points: line((p) => p.allowed), class: "allowed" }));
+    if (pts.some((p) => p.denied)) s.append(svg("polyline", { points: line((p) => p.denied), class: "denied" }));
     // The last complete interval, as rates per second.
     const last = pts.length > 1 ? pts[pts.length - 2] : { allowed: 0, denied: 0 };
     return el("div", { class: "chart", dataset: { rule: rr.rule } },
