@@ -58,48 +58,15 @@ func (l *Limiter) localNow(now time.Time) time.Time {
 // memory and then, for a shared store, in the store. It reports whether one
 // is, and then fills s.decisions with the ban's denial.
 func (l *Limiter) banned(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch) bool {
-	local := l.localNow(now).UnixMilli()
-	found := -1
-	var until int64
-	var checked clients.ID
-	for i := range s.charges {
-		c := &s.charges[i]
-		id := clients.ID{Rule: c.Name, Key: c.Key}
-		if c.Limit.Ban <= 0 || id == checked {
-			continue // a rule's limits are in a row: its ban is read once
-		}
-		checked = id
-		if u, ok := l.clients.bans.Until(id, local); ok {
-			found, until = i, u
-			break
-		}
-		if l.clients.shared == nil {
-			continue
-		}
-		u, err := l.clients.shared.bannedUntil(ctx, now, c.Name, c.Key)
-		if err != nil {
-			// The ban cannot be read: the store's decision stands.
-			l.cfg.report(r, fmt.Errorf("%w: read the ban of rule %q: %w", ErrStore, c.Name, err))
-			continue
-		}
-		if !u.IsZero() {
-			found, until = i, l.clients.bans.Set(id, u.UnixMilli(), local)
-			break
-		}
+	var read readUntil
+	if sh := l.clients.shared; sh != nil {
+		read = sh.bannedUntil
 	}
-	if found < 0 {
-		return false
-	}
-	s.decisions = grow(s.decisions, len(s.charges))
-	left := time.Duration(until-local) * time.Millisecond
-	for j := range s.decisions {
-		s.decisions[j] = Decision{Allowed: true}
-		if s.charges[j].Name == s.charges[found].Name && s.charges[j].Key == s.charges[found].Key && s.charges[j].Limit.Ban > 0 {
-			s.decisions[j] = Decision{ResetAfter: left, RetryAfter: left, NextAfter: left}
-		}
-	}
-	return true
+	return l.held(ctx, now, r, s, &l.clients.bans, read, hasBan, "ban")
 }
+
+// hasBan reports whether c's limit bans.
+func hasBan(c *Charge) bool { return c.Limit.Ban > 0 }
 
 // startBans bans the clients that limits with a ban just refused (their
 // decisions in s.decisions), makes their decisions say how long the ban

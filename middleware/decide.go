@@ -68,6 +68,11 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		res.Banned, res.Outcome = true, OutcomeDenied
 		return nil
 	}
+	if l.cfg.pauses && !l.cfg.shadow && len(s.charges) > 0 && l.paused(ctx, now, r, s) {
+		s.result(res, false, s.charges, s.decisions, s.metas)
+		res.Paused, res.Outcome = true, OutcomeDenied
+		return nil
+	}
 	res.Allowed = true // res is zero
 	var d decision
 	if len(s.slots) > 0 {

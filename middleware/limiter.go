@@ -38,6 +38,8 @@ type Limiter struct {
 	syncs syncLayer
 	// top tracks the top clients and the rules' rates (top.go).
 	top topState
+	// pauses holds the pauses of a Limiter made WithPauses (pause.go).
+	pauses pauseState
 }
 
 type ruleSet struct {
@@ -79,6 +81,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
 	l.startTop()
+	l.bindPauses()
 	if err := l.SetRules(rules); err != nil {
 		l.stopTop()
 		l.cfg.release()

@@ -63,6 +63,10 @@ import (
 //     region, failed to, found a peer unreachable for longer than the hold
 //     time or reachable again (on the syncer's goroutine); see
 //     RegionEvent.
+//   - Outbound: the outbound transport (adapters/outbound) waited for a
+//     request's turn, gave up on one, or heard from the upstream that it
+//     refused one, asked to wait (a pause), or has fewer units left than
+//     the budget held; see OutboundEvent.
 //
 // Methods are called on the goroutine of the request they concern, or of
 // the Limiter's background work (renewing leases, publishing spare
@@ -89,6 +93,7 @@ type Observer interface {
 	ClientState(overrides, bans int)
 	Synced(e SyncEvent)
 	Region(e RegionEvent)
+	Outbound(e OutboundEvent)
 }
 
 // HealthEvent reports that a server of a store went down or came back
@@ -152,6 +157,9 @@ func (NopObserver) Synced(SyncEvent) {}
 // Region does nothing.
 func (NopObserver) Region(RegionEvent) {}
 
+// Outbound does nothing.
+func (NopObserver) Outbound(OutboundEvent) {}
+
 // Hooks is an Observer made of optional functions, for one-off hooks in the
 // manner of net/http/httptrace.ClientTrace: each field On<Event> is called
 // for the Observer method <Event> (see Observer for when, and with what),
@@ -178,6 +186,7 @@ type Hooks struct {
 	OnClientState     func(overrides, bans int)
 	OnSynced          func(e SyncEvent)
 	OnRegion          func(e RegionEvent)
+	OnOutbound        func(e OutboundEvent)
 }
 
 var _ Observer = (*Hooks)(nil)
@@ -277,6 +286,13 @@ func (h *Hooks) Synced(e SyncEvent) {
 func (h *Hooks) Region(e RegionEvent) {
 	if h != nil && h.OnRegion != nil {
 		h.OnRegion(e)
+	}
+}
+
+// Outbound calls OnOutbound, if set.
+func (h *Hooks) Outbound(e OutboundEvent) {
+	if h != nil && h.OnOutbound != nil {
+		h.OnOutbound(e)
 	}
 }
 
@@ -389,6 +405,12 @@ func (m multiObserver) Synced(e SyncEvent) {
 func (m multiObserver) Region(e RegionEvent) {
 	for _, o := range m {
 		o.Region(e)
+	}
+}
+
+func (m multiObserver) Outbound(e OutboundEvent) {
+	for _, o := range m {
+		o.Outbound(e)
 	}
 }
 

@@ -91,6 +91,7 @@ type config struct {
 	fallbackSlots SlotStore     // FailLocal's, nil if none
 	slotsShared   bool          // slots has leases to renew
 	maxWaiting    int64         // requests waiting for a leaky bucket's turn
+	pauses        bool          // WithPauses
 
 	observers []Observer // as given to WithObserver
 	obs       Observer   // all of them in one; nil if none

@@ -142,6 +142,9 @@ type Result struct {
 	// Elastic reports that the request was admitted past its limit, on
 	// the headroom an elastic limit (Limit.Ceiling) had open.
 	Elastic bool
+	// Paused reports that the request was denied because its key is
+	// paused (Limiter.Pause): RetryAfter is the time left of the pause.
+	Paused bool
 
 	policies string
 	status   int         // the status of a concurrency denial, 0 for 429

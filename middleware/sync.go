@@ -23,12 +23,14 @@ const (
 	// the fleet admits exactly what one server would. The default.
 	SyncExact SyncMode = iota
 	// SyncLease has each app server reserve a slice of the remaining
-	// budget of a counter in Redis, in one atomic call, and spend it in
-	// memory; what it did not use goes back when the slice ends (one
-	// SyncInterval, and never past the end of the window it was counted
-	// in) or the counter goes idle. A slice is at most Lease units and at
-	// most remaining / (2 × app servers holding slices), falling to 1
-	// near the limit.
+	// budget of a busy counter in Redis, in one atomic call, and spend it
+	// in memory; what it did not use goes back when the slice ends (one
+	// SyncInterval when it was granted near the limit, ten far from it,
+	// and never past the end of the window it was counted in) or the
+	// counter goes idle. A slice is at most Lease units and at most
+	// remaining / (2 × app servers holding slices), falling to 1 near the
+	// limit. A counter not used for two intervals is decided exactly, in
+	// one call, as in SyncExact.
 	//
 	// Bound: the fleet never admits more than exact mode would for the
 	// same admissions (per window: at most the limit for sliding and fixed
@@ -42,7 +44,14 @@ const (
 	// deltas (per counter and window) to Redis every SyncInterval, or at
 	// once, waiting for the answer, when a counter's unsynced count
 	// reaches MaxUnsynced; it decides from the fleet's count as last
-	// synced plus its own unsynced count.
+	// synced plus its own unsynced count. A counter this server has not
+	// synced for two intervals (or ever) is decided from that view as it
+	// is, without a call, while it is far from the limit and within this
+	// server's share of the bound (each server's units admitted so, plus
+	// the most it held unsynced, stay within MaxUnsynced per window); its
+	// counts are then pushed once they reach MaxUnsynced / 2 or their
+	// window ends, so that a counter used now and then costs a push per
+	// window rather than a call per request.
 	//
 	// Bound: per window, at most app servers × MaxUnsynced over the limit,
 	// plus what the fleet admits in one SyncInterval. An app server that

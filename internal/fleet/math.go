@@ -221,6 +221,30 @@ func Grant(l *window.Limit, r window.State, now, want, give, from, servers int64
 	return r, g, at
 }
 
+// LongLife is how many sync intervals a slice granted far from the limit
+// lives (see SliceLife).
+const LongLife = 10
+
+// SliceLife is how long a slice lives, in ms, before what it left goes
+// back: one sync interval when it was granted near the limit, with less
+// than servers × lease of the budget left after it (remaining), and
+// LongLife intervals when it was granted farther from the limit, where
+// no server can be denied before the fleet has spent what every holder
+// may hold; a token bucket's slices live one interval, since its bound
+// grows with the time a slice is spent after its tokens were taken. The
+// caller ends a slice sooner at the end of the window it was counted in,
+// and gives back the rest of a slice whose counter goes idle.
+//
+// A slice's life does not change what lease mode may deny falsely
+// (FalseDenialBound: the units other servers hold, at most lease each),
+// only how long a server that keeps its counter busy may hold them.
+func SliceLife(l *window.Limit, interval, remaining, servers, lease int64) int64 {
+	if l.Algorithm == window.TokenBucket || remaining < max(servers, 1)*lease {
+		return interval
+	}
+	return LongLife * interval
+}
+
 // OverBound is write-back's bound on what the fleet admits over the limit
 // in one window, on top of what it admits in one sync interval: each of
 // servers app servers may have counted up to maxUnsynced units that the

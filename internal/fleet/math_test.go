@@ -32,6 +32,25 @@ func TestLeaseSize(t *testing.T) {
 	}
 }
 
+func TestSliceLife(t *testing.T) {
+	for _, tc := range []struct {
+		l                         window.Limit
+		remaining, servers, lease int64
+		life                      int64
+	}{
+		{sliding, 400, 4, 100, LongLife * 100},
+		{sliding, 399, 4, 100, 100}, // near the limit: one interval
+		{fixed, 1000, 1, 100, LongLife * 100},
+		{fixed, 99, 1, 100, 100},
+		{sliding, 100, 0, 100, LongLife * 100}, // no holder seen counts as one
+		{token, 1_000_000, 1, 100, 100},        // token buckets: always one interval
+	} {
+		if got := SliceLife(&tc.l, 100, tc.remaining, tc.servers, tc.lease); got != tc.life {
+			t.Errorf("SliceLife(%s, 100, %d, %d, %d) = %d, want %d", tc.l.Algorithm, tc.remaining, tc.servers, tc.lease, got, tc.life)
+		}
+	}
+}
+
 func TestViewTakeSliding(t *testing.T) {
 	// Windows of 1 s anchored at the first request (t0 = 1000).
 	var v View
@@ -187,5 +206,60 @@ func TestModes(t *testing.T) {
 	}
 	if OverBound(4, 10) != 40 || FalseDenialBound(4, 25) != 75 || FalseDenialBound(1, 25) != 0 {
 		t.Error("bounds")
+	}
+}
+
+func TestBlind(t *testing.T) {
+	s1 := window.Limit{Requests: 1000, Window: time.Second}
+	f1 := window.Limit{Requests: 1000, Window: time.Second, Algorithm: window.FixedWindow}
+	// A sliding window's budget is half of max_unsynced per period.
+	var b Blind
+	if !b.Admit(&s1, 1000, 1000, 3, 0, 20) || b.D() != 3 {
+		t.Fatalf("first blind admission: D %d", b.D())
+	}
+	b.Note(&s1, 1000, 1000, 3)
+	// D 3 + M 3 + 4 = 10: the budget of max_unsynced 20.
+	if !b.Admit(&s1, 1500, 1000, 4, 3, 20) || b.D() != 7 || b.M() != 3 {
+		t.Fatalf("second: D %d M %d", b.D(), b.M())
+	}
+	b.Note(&s1, 1500, 1000, 7)
+	if b.Admit(&s1, 1600, 1000, 1, 7, 20) {
+		t.Fatalf("admitted past the budget: D %d M %d", b.D(), b.M())
+	}
+	// The next period (aligned to the epoch) starts afresh, with what is
+	// unsynced then as the most held so far.
+	if !b.Admit(&s1, 2000, 2000, 1, 2, 20) || b.D() != 1 || b.M() != 2 {
+		t.Fatalf("next period: D %d M %d", b.D(), b.M())
+	}
+	// Holding many unsynced units (not blind) leaves nothing to admit
+	// blind in the period.
+	b.Note(&s1, 2100, 2000, 9)
+	if b.Admit(&s1, 2200, 2000, 1, 0, 20) {
+		t.Fatal("admitted blind after holding 9 unsynced units with D 1, budget 10")
+	}
+	// A fixed window's period is the window, with the whole budget.
+	var f Blind
+	if !f.Admit(&f1, 5000, 5000, 20, 0, 20) || f.Admit(&f1, 5999, 5000, 1, 0, 20) {
+		t.Fatal("fixed window: budget of 20 not kept")
+	}
+	if !f.Admit(&f1, 6000, 6000, 1, 0, 20) {
+		t.Fatal("fixed window: the next window did not start afresh")
+	}
+	// Never for a token bucket, nor for a cost of 0.
+	var tb Blind
+	if tb.Admit(&token, 1000, 1000, 1, 0, 100) || b.Admit(&s1, 9000, 9000, 0, 0, 20) {
+		t.Fatal("token bucket or cost 0 admitted blind")
+	}
+	// M saturates above any budget; the budget is at most 2^22.
+	var big Blind
+	big.Note(&s1, 1000, 1000, 1<<40)
+	if big.M() != blindMax || big.Admit(&s1, 1000, 1000, 1, 0, 1<<30) {
+		t.Fatalf("saturated M %d admitted", big.M())
+	}
+	if got := BlindBudget(&f1, 1<<30); got != maxBlindBudget {
+		t.Fatalf("budget %d, want %d", got, maxBlindBudget)
+	}
+	if BlindPeriodStart(&s1, 2500, 2100) != 2000 || BlindPeriodStart(&f1, 2500, 2000) != 2000 {
+		t.Fatal("BlindPeriodStart")
 	}
 }

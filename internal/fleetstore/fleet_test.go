@@ -63,6 +63,11 @@ func trace(load string, servers, keys, total int, dur, win int64, seed uint64) [
 			if r.IntN(10) < 8 {
 				q.server = 0
 			}
+		case "bursts":
+			// One server at a time, in turn, for a third of a window: a
+			// server idles for longer than two intervals between its
+			// bursts, so that it decides from stale views (fleet.Blind).
+			q.server = int(q.at/(win/3)) % servers
 		case "edges":
 			// Bursts in the last and first 5 % of each window.
 			w, edge := q.at/win*win, win/20
@@ -170,7 +175,8 @@ func count(ok []bool) int {
 
 // TestFleetBounds plays traces on 1, 4 and 16 app servers, each with its
 // own client, on one key and on many, with limits of 10 and 1,000, under
-// uniform load, one hot server and bursts at window edges, and checks each
+// uniform load, one hot server, bursts at window edges and servers taking
+// turns (whose views go stale between their bursts), and checks each
 // mode's stated bound per window and its false denials against an exact
 // replay of the same trace.
 func TestFleetBounds(t *testing.T) {
@@ -202,6 +208,9 @@ func TestFleetBounds(t *testing.T) {
 		}
 		for _, alg := range []window.Algorithm{window.FixedWindow, window.TokenBucket} {
 			cases = append(cases, cfg{mode, alg, 4, 1, 1000, "edges"}, cfg{mode, alg, 4, 3, 10, "uniform"})
+		}
+		for _, alg := range []window.Algorithm{window.SlidingWindow, window.FixedWindow} {
+			cases = append(cases, cfg{mode, alg, 4, 1, 1000, "bursts"}, cfg{mode, alg, 16, 1, 1000, "bursts"})
 		}
 	}
 	for _, tc := range cases {
@@ -274,7 +283,88 @@ func TestFleetBounds(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("admitted %d (exact %d), most in a window %d (bound %d)", admitted, exact, most, bound)
+			blind := int64(0)
+			for _, s := range srv {
+				blind += s.layer.Blind()
+			}
+			t.Logf("admitted %d (exact %d, blind %d), most in a window %d (bound %d)", admitted, exact, blind, most, bound)
 		})
+	}
+}
+
+// TestWriteBackBlindBound plays write-back's worst case for decisions made
+// from stale or missing views (fleet.Blind), on 4 app servers and a real
+// Redis: one server fills the counter to its limit from fresh views, while
+// the others either never saw the counter or last synced it when it was
+// nearly empty; then each of them gets a burst of requests. They admit
+// blind, each within its budget, read the fleet's count and deny: the
+// window admits more than the limit, and at most servers × max_unsynced
+// more (fleet.OverBound; no interval's admissions are unseen here).
+func TestWriteBackBlindBound(t *testing.T) {
+	t.Parallel()
+	srvR := redistest.Shared(t)
+	const servers, limit, maxUnsynced, interval = 4, 1000, 100, 100
+	for _, alg := range []window.Algorithm{window.SlidingWindow, window.FixedWindow} {
+		for _, seen := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/seen-%v", alg, seen), func(t *testing.T) {
+				t.Parallel()
+				l := window.Limit{Requests: limit, Window: 10 * time.Second, Algorithm: alg}
+				set := Settings{Mode: fleet.WriteBack, SyncInterval: interval * time.Millisecond, MaxUnsynced: maxUnsynced}
+				prefix := srvR.Prefix(t)
+				srv := make([]*server, servers)
+				for i := range srv {
+					srv[i] = newServer(t, srvR.Client(t, nil), prefix, map[string]Settings{"r": set}, Events{})
+				}
+				ctx := context.Background()
+				out := make([]window.Decision, 1)
+				c := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 1}}
+				at := t0.Add(10 * time.Millisecond)
+				admitted := 0
+				take := func(s *server) bool {
+					ok, err := s.layer.Take(ctx, at, c, out)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						admitted++
+					}
+					return ok
+				}
+				if seen {
+					// The others see the counter once, and learn its count.
+					for _, s := range srv[1:] {
+						take(s)
+						s.layer.Sync(ctx, at, false)
+					}
+				}
+				// Server 0 fills the counter from fresh views, syncing every
+				// interval, for longer than two intervals.
+				for i := 0; ; i++ {
+					if i%100 == 0 {
+						at = at.Add(interval * time.Millisecond)
+						srv[0].layer.Sync(ctx, at, false)
+					}
+					if !take(srv[0]) {
+						break
+					}
+				}
+				srv[0].layer.Sync(ctx, at, false)
+				// The others' bursts, from stale views (or none).
+				blind := int64(0)
+				for _, s := range srv[1:] {
+					for i := 0; i < 2*maxUnsynced; i++ {
+						take(s)
+					}
+					blind += s.layer.Blind()
+				}
+				t.Logf("%d admitted in one window of %d, %d of them blind", admitted, limit, blind)
+				if blind == 0 || admitted <= limit {
+					t.Errorf("%d admitted, %d blind: the others' stale views admitted nothing over the limit, which this test is to bound", admitted, blind)
+				}
+				if bound := limit + int(fleet.OverBound(servers, maxUnsynced)); admitted > bound {
+					t.Errorf("%d admitted in one window, bound %d", admitted, bound)
+				}
+			})
+		}
 	}
 }

@@ -13,30 +13,43 @@ import (
 func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
+	l := &b.lim
 	sh.mu.Lock()
-	e := s.entryFor(sh, id, c, b)
+	e := s.entryFor(sh, id, c, b, ms)
+	blind := false
 	if e.synced == 0 || ms-e.synced > 2*b.interval {
-		// Never synced, or not for two intervals: read the fleet's count
-		// (pushing what is unsynced) before deciding.
+		// Never synced, or not for two intervals: decide blind, within
+		// this server's share of the bound (fleet.Blind), while the view
+		// is far from the limit; else read the fleet's count (pushing
+		// what is unsynced) before deciding. While Redis fails, decide
+		// from the view.
 		if s.failUntil.Load() <= ms {
-			sh.mu.Unlock()
-			s.push(ctx, sh, id, call, ms)
-			sh.mu.Lock()
-			e = s.entryFor(sh, id, c, b)
+			if blind = s.admitBlind(sh, e, b, ms, cost); !blind {
+				sh.mu.Unlock()
+				s.push(ctx, sh, id, call, ms)
+				sh.mu.Lock()
+				e = s.entryFor(sh, id, c, b, ms)
+			}
 		}
 	}
 	v := e.view()
-	at, ok := v.Take(&b.lim, ms, cost)
+	at, ok := v.Take(l, ms, cost)
 	e.setView(&v)
 	e.used = ms
 	if ok && cost > 0 {
 		sh.enlist(id, e)
+		if !blind {
+			// Blind units are in fleet.Blind's D already.
+			bl := e.blind()
+			bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
+			e.setBlind(bl)
+		}
 	}
 	need := ok && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
 	sh.mu.Unlock()
 	// Described from the copy, without the lock, which every decision on
 	// the counter needs.
-	*out = window.Describe(v.C, at, b.lim, cost, ok)
+	*out = window.Describe(v.C, at, *l, cost, ok)
 	if ok && cost > 0 {
 		if fn := s.cfg.Events.Unsynced; fn != nil {
 			fn(b.name, cost)
@@ -46,6 +59,35 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 		s.pushWaiting(ctx, sh, id, call, ms, b)
 	}
 	return ok, nil
+}
+
+// admitBlind reports whether a request of cost c may be admitted by entry
+// e, whose view was not synced for two intervals, without reading the
+// fleet's count first: if the view, rolled to ms, leaves at least half of
+// the limit after it, and the counter's fleet.Blind has room for it (which
+// it then counts). A counter never synced is not admitted blind in a
+// period (fleet.Blind) in which its shard dropped counters to stay within
+// the table's bound: it may have been dropped with what it admitted blind
+// in the period, and would start afresh. sh must be locked.
+func (s *Store) admitBlind(sh *shard, e *entry, b *binding, ms, c int64) bool {
+	l := &b.lim
+	v := e.view()
+	at := v.Roll(l, ms)
+	if e.synced == 0 && sh.evicted != 0 && sh.evicted >= fleet.BlindPeriodStart(l, ms, v.C.Start) {
+		// The shard dropped counters in this period: this one may have
+		// been among them, with what it admitted blind.
+		return false
+	}
+	if fleet.Remaining(l, v.C, at) < c+int64(l.Requests)/2 {
+		return false
+	}
+	bl := e.blind()
+	ok := bl.Admit(l, ms, v.C.Start, c, v.Unsynced()+e.inflight, b.maxUnsynced)
+	e.setBlind(bl)
+	if ok {
+		s.blind.Add(c)
+	}
+	return ok
 }
 
 // pushWaiting makes the unsynced counts of entry id durable before the
@@ -118,6 +160,30 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 	return s.run(ctx, sh, id, &j, call, ms)
 }
 
+// cold reports whether lease charge c is to be decided exactly, in the
+// shared store's single call: its counter holds no slice and was not used
+// for two intervals (or ever), so that a slice would cost that call and
+// most likely go back unused, one more. A counter used again within two
+// intervals is busy and leases, starting from 2 units. cold records the
+// use.
+func (s *Store) cold(c *window.Charge, b *binding, ms int64) bool {
+	sh, id := s.locate(c)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := s.entryFor(sh, id, c, b, ms)
+	switch {
+	case e.flags&granting != 0, e.up > ms && (e.uc > 0 || e.flags&full != 0):
+		// A slice, a call on its way, or the fleet's budget spent.
+		return false
+	case e.used != 0 && ms-e.used <= 2*b.interval:
+		e.used = ms
+		return false
+	}
+	e.used = ms
+	e.inflight = 2
+	return true
+}
+
 // takeLease decides charge c from the slice its counter holds, asking
 // for a slice if none is left.
 func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
@@ -125,7 +191,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 	cost := int64(c.Cost)
 	for {
 		sh.mu.Lock()
-		e := s.entryFor(sh, id, c, b)
+		e := s.entryFor(sh, id, c, b, ms)
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
 			e.uc -= cost
@@ -203,13 +269,7 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need i
 		sh.mu.Unlock()
 		return fleet.Reply{}, nil
 	}
-	if e.up <= ms && e.uc == 0 && need > 0 {
-		// The last slice was spent and has ended: a counter used now and
-		// then starts again from 1 unit, which leaves nothing to give
-		// back.
-		e.inflight = 1
-	}
-	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us}
+	j := job{b: e.b, fid: e.fid, lease: true, want: max(nextWant(e), need), from: e.us, until: ms + life(e, ms, 1)}
 	if e.up <= ms && e.uc > 0 {
 		j.give, e.uc = e.uc, 0
 	}
@@ -236,10 +296,10 @@ func (s *Store) grant(ctx context.Context, sh *shard, id ident, call, ms, need i
 }
 
 // nextWant is the slice to ask for next for entry e, and doubles the one
-// after, up to the rule's lease: a counter's first slice is 1 unit (a
-// counter used once costs one call, as in exact mode, and nothing to give
-// back), and a busy counter's slices grow to the lease in a few calls.
-// The syncer halves it when a slice ends unused. e's shard must be locked.
+// after, up to the rule's lease: a counter's first slice is 2 units (its
+// first use was decided exactly, see cold), and a busy counter's slices
+// grow to the lease in a few calls. The syncer quarters it when a slice
+// goes back unused. e's shard must be locked.
 func nextWant(e *entry) int64 {
 	w := max(e.inflight, 1)
 	e.inflight = min(2*w, e.b.lease)
@@ -281,9 +341,10 @@ func (s *Store) granted(e *entry, j *job, rep *fleet.Reply, ms int64) {
 		return
 	}
 	e.flags &^= full
-	// The slice lives one interval, and never past the end of the window
-	// it was counted in.
-	until := ms + b.interval
+	// The slice lives one interval, or longer far from the limit
+	// (fleet.SliceLife), and never past the end of the window it was
+	// counted in.
+	until := ms + life(e, ms, rep.Servers)
 	switch b.lim.Algorithm {
 	case window.SlidingWindow:
 		until = min(until, rep.State.Start+b.lim.Window.Milliseconds())
@@ -299,6 +360,17 @@ func (s *Store) granted(e *entry, j *job, rep *fleet.Reply, ms int64) {
 	e.uc += rep.Granted
 	e.us = rep.State.Start
 	e.up = until
+}
+
+// life is how long a slice of entry e granted at ms lives, from the
+// counter as the last call returned it and the servers holding leases on
+// it (fleet.SliceLife). Before a call, with servers 1, it is what the
+// shared store is told the lease will last: only a count of the holders
+// depends on it. e's shard must be locked.
+func life(e *entry, ms, servers int64) int64 {
+	b := e.b
+	st, at := b.lim.Roll(e.state(), ms)
+	return fleet.SliceLife(&b.lim, b.interval, fleet.Remaining(&b.lim, st, at), servers, b.lease)
 }
 
 // wake wakes the requests waiting for a lease call of id. sh must be
@@ -320,6 +392,9 @@ type job struct {
 	give   int64
 	from   int64
 	orphan bool
+	// until is when the lease asked for is expected to end (Unix ms),
+	// which the shared store keeps to count the servers holding leases.
+	until int64
 	// id and sh locate the entry the reply goes to (not for orphans).
 	id ident
 	sh *shard
@@ -328,7 +403,7 @@ type job struct {
 // call makes j's call to the backend.
 func (s *Store) call(ctx context.Context, j *job, call, ms int64) (fleet.Reply, error) {
 	c := fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
-		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: ms + j.b.interval}
+		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
 	rep, err := s.cfg.Backend.Fleet(ctx, time.Now().Add(s.cfg.Timeout), &c)
 	if err == nil && call < 0 {
 		// The shared store keeps time: follow its clock.
@@ -347,7 +422,7 @@ func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms i
 	e, _ := sh.lookup(id)
 	if e == nil {
 		if err != nil {
-			o := entry{b: j.b, fid: j.fid, us: j.delta.Start, up: j.delta.Prev, uc: j.delta.Curr}
+			o := entry{b: j.b, fid: j.fid, cs: j.delta.Start, up: j.delta.Prev, uc: j.delta.Curr}
 			s.orphan(&o)
 		}
 		return err
@@ -359,6 +434,9 @@ func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms i
 		v.Roll(l, ms)
 		v.Restore(l, j.delta)
 		e.setView(&v)
+		bl := e.blind()
+		bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
+		e.setBlind(bl)
 		s.failUntil.Store(ms + j.b.interval)
 		return err
 	}
@@ -412,8 +490,7 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 			b := e.b
 			recent := ms-e.used <= 2*b.interval
 			if b.set.Mode == fleet.WriteBack {
-				due := final || tick%b.every == 0
-				if due && (e.up != 0 || e.uc != 0 || (recent && !final)) {
+				if (final || tick%b.every == 0) && pushDue(e, ms, recent, final) {
 					v := e.view()
 					d := v.Detach()
 					e.setView(&v)
@@ -434,9 +511,12 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 				// one slice lately; a counter used once or twice is not
 				// worth a slice ahead.
 				busy := ms-e.used <= b.interval && !final && e.inflight >= 4
-				if ended && (e.uc > 0 || busy) {
-					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh}
-					if busy {
+				// Idle: not used for two intervals; what its slice left
+				// goes back, however long the slice lives.
+				idle := ms-e.used > 2*b.interval
+				if ended && (e.uc > 0 || busy) || idle && e.uc > 0 {
+					j := job{b: b, fid: e.fid, lease: true, give: e.uc, from: e.us, id: id, sh: sh, until: ms + life(e, ms, 1)}
+					if ended && busy {
 						j.want = nextWant(e)
 					} else {
 						e.inflight = max(e.inflight/4, 1)
@@ -491,6 +571,49 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 	if fn := s.cfg.Events.Flushed; fn != nil {
 		fn(len(jobs), time.Since(began), first)
 	}
+}
+
+// pushDue reports whether the syncer pushes the unsynced counts of
+// write-back entry e (or reads the fleet's count of it) at a tick at ms,
+// after rolling its view to ms. Counts are pushed every interval while
+// the counter is used from a fresh view (synced in the last two
+// intervals, which the push keeps it) or is near its limit (less than half
+// of it left), at the first tick after a counter's first decision (which
+// learns the fleet's count), and by Close. Otherwise, counts decided
+// blind (fleet.Blind)
+// wait until they are half of max_unsynced or belong to the previous
+// window (or, for a fixed window, to one that ends before the next tick):
+// they are within the server's share of the bound wherever they are, and
+// a counter decided now and then costs a push per window rather than one
+// per decision. A token bucket's counts are pushed every
+// interval. A counter used lately and near its limit is read again even
+// with nothing to push. e's shard must be locked.
+func pushDue(e *entry, ms int64, recent, final bool) bool {
+	b := e.b
+	l := &b.lim
+	v := e.view()
+	at := v.Roll(l, ms)
+	e.setView(&v)
+	u := v.Unsynced()
+	if l.Algorithm == window.TokenBucket {
+		return u != 0 || recent && !final
+	}
+	near := fleet.Remaining(l, v.C, at) < int64(l.Requests)/2
+	if u == 0 {
+		return recent && near && !final
+	}
+	if e.synced == 0 || ms-e.synced <= 2*b.interval {
+		// Never synced (the push learns the fleet's count), or fresh.
+		return true
+	}
+	if l.Algorithm == window.FixedWindow {
+		// A fixed window's counts are dropped when it ends: pushed at the
+		// last tick before.
+		if _, end := l.Bounds(v.C.Start); end-ms <= b.interval {
+			return true
+		}
+	}
+	return final || near || v.U.Prev != 0 || 2*u >= b.maxUnsynced
 }
 
 // runJob makes one call of a tick and applies its reply.

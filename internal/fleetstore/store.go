@@ -7,26 +7,35 @@
 //
 // # Modes
 //
-// Lease: a counter's first request, and every request that finds its
-// slice spent, asks the shared store for a slice of the remaining budget
-// (fleet.Grant: at most the rule's lease, and at most remaining / (2 ×
-// servers holding leases)); requests spend it locally. The size asked for
-// starts at 1 unit for a counter not used lately and doubles with each
-// slice while it is busy; busy counters ask for the next slice ahead. A slice lives one
-// sync interval, and never past the end of the window it was counted in;
-// what is left of it is given back when it ends, unless the counter is
-// still busy, in which case the same call renews it. The fleet admits at
-// most what exact mode would (see fleet.Grant); the price is false
-// denials, at most (servers − 1) × lease per window, while other servers
-// hold unspent slices.
+// Lease: a counter not used for two intervals is decided exactly, in the
+// shared store's single call with the request's exact charges (a slice
+// for it would cost that call, and likely one more to give it back). A
+// counter used again within two intervals is busy: every request that
+// finds its slice spent asks the shared store for a slice of the
+// remaining budget (fleet.Grant: at most the rule's lease, and at most
+// remaining / (2 × servers holding leases)); requests spend it locally.
+// The size asked for starts at 2 units and doubles with each slice while
+// the counter is busy; busy counters ask for the next slice ahead. A
+// slice lives one sync interval when it was granted near the limit, ten
+// far from it (fleet.SliceLife), and never past the end of the window it
+// was counted in; what is left of it is given back when it ends, or when
+// its counter goes idle for two intervals, unless the counter is still
+// busy, in which case the same call renews it. The fleet admits at most
+// what exact mode would (see fleet.Grant); the price is false denials, at
+// most (servers − 1) × lease per window, while other servers hold unspent
+// slices.
 //
 // Write-back: requests are decided from the local view (fleet.View): the
-// fleet's count as last synced plus what this server counted since. Every
-// sync interval the syncer pushes each busy counter's delta (keyed by
-// window, fleet.Delta) and merges the fleet's count that comes back; a
+// fleet's count as last synced plus what this server counted since. A
 // request that brings a counter's unsynced count to max_unsynced pushes it
-// at once and waits for the answer. A counter not synced for two
-// intervals is read again before it decides. Over the limit, per window:
+// at once and waits for the answer. A counter not synced for two intervals
+// (or never) is decided blind, from its view as it is, within this
+// server's share of the bound (fleet.Blind) and while its view is far from
+// the limit; otherwise it is read again before it decides. Every sync
+// interval the syncer pushes the deltas (keyed by window, fleet.Delta) of
+// the counters used from fresh views or near their limit, and merges the
+// fleet's count that comes back; counts decided blind wait until they are
+// half of max_unsynced or their window ends. Over the limit, per window:
 // at most servers × max_unsynced, plus what the fleet admits in one sync
 // interval (fleet.OverBound).
 //
@@ -196,6 +205,8 @@ type Store struct {
 
 	tick      atomic.Int64
 	evictions atomic.Uint64
+	// blind counts the units admitted blind (fleet.Blind).
+	blind     atomic.Int64
 	syncMu    sync.Mutex
 	stop      chan struct{}
 	done      chan struct{}
@@ -302,6 +313,11 @@ func (s *Store) Len() int {
 // Evictions is how many counters the table dropped to stay within MaxKeys.
 func (s *Store) Evictions() uint64 { return s.evictions.Load() }
 
+// Blind is how many units write-back counters admitted from views not
+// synced for two intervals, without reading the fleet's count first
+// (fleet.Blind).
+func (s *Store) Blind() int64 { return s.blind.Load() }
+
 func (s *Store) clock() time.Time {
 	if s.cfg.Now != nil {
 		return s.cfg.Now()
@@ -405,9 +421,9 @@ func mix64(z uint64) uint64 {
 	return z ^ z>>31
 }
 
-// entryFor returns the entry of id, making it if needed. sh must be
-// locked.
-func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding) *entry {
+// entryFor returns the entry of id, making it if needed, at ms. sh must
+// be locked.
+func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding, ms int64) *entry {
 	if e, _ := sh.lookup(id); e != nil {
 		e.b = b
 		return e
@@ -416,6 +432,7 @@ func (s *Store) entryFor(sh *shard, id ident, c *window.Charge, b *binding) *ent
 	if evicted {
 		s.evictions.Add(1)
 		s.orphan(&old)
+		sh.evicted = max(sh.evicted, ms)
 	}
 	e.fid = s.cfg.ID(c)
 	e.b = b
@@ -430,7 +447,7 @@ func (s *Store) orphan(e *entry) {
 	case e.b == nil:
 		return
 	case e.b.set.Mode == fleet.WriteBack && (e.up != 0 || e.uc != 0):
-		j = job{b: e.b, fid: e.fid, delta: fleet.Delta{Start: e.us, Prev: e.up, Curr: e.uc}, orphan: true}
+		j = job{b: e.b, fid: e.fid, delta: fleet.Delta{Start: e.cs, Prev: e.up, Curr: e.uc}, orphan: true}
 	case e.b.set.Mode == fleet.Lease && e.uc > 0 && e.flags&granting == 0:
 		j = job{b: e.b, fid: e.fid, lease: true, give: e.uc, from: e.us, orphan: true}
 	default:
@@ -460,20 +477,29 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		bs = make([]*binding, 0, len(charges))
 	}
 	local := 0
+	ms, call := int64(0), int64(0)
 	for i := range charges {
-		b := s.bind(rules, &charges[i], nil)
-		bs = append(bs, b)
+		c := &charges[i]
+		b := s.bind(rules, c, nil)
 		if b != nil {
-			if err := charges[i].Limit.Validate(); err != nil {
+			if err := c.Limit.Validate(); err != nil {
 				return false, err
 			}
-			local++
+			if local == 0 {
+				ms, call = s.instant(now)
+			}
+			if b.set.Mode == fleet.Lease && s.cold(c, b, ms) {
+				// Decided exactly, with the request's exact charges.
+				b = nil
+			} else {
+				local++
+			}
 		}
+		bs = append(bs, b)
 	}
 	if local == 0 {
 		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
-	ms, call := s.instant(now)
 	all := true
 	decided := 0
 	for i := range charges {

@@ -51,8 +51,9 @@ const (
 
 // entry is one counter in process, 112 bytes. Its fields hold, by mode:
 //
-//   - write-back: C is fleet.View.C; us, up and uc are U's Start, Prev and
-//     Curr; inflight is what pushes on their way carry.
+//   - write-back: C is fleet.View.C; up and uc are U's Prev and Curr (U is
+//     in C's windows: its Start is C's); us holds the fleet.Blind of the
+//     counter; inflight is what pushes on their way carry.
 //   - lease: C is the counter as the last lease call returned it; uc is
 //     the units of the slice left, up the instant (Unix ms, local clock)
 //     the slice ends and us the start of the window it was counted in;
@@ -74,14 +75,21 @@ type entry struct {
 
 // view returns the entry's write-back view.
 func (e *entry) view() fleet.View {
-	return fleet.View{C: window.State{Start: e.cs, Prev: e.cp, Curr: e.cc}, U: window.State{Start: e.us, Prev: e.up, Curr: e.uc}}
+	return fleet.View{C: window.State{Start: e.cs, Prev: e.cp, Curr: e.cc}, U: window.State{Start: e.cs, Prev: e.up, Curr: e.uc}}
 }
 
-// setView stores v in the entry.
+// setView stores v in the entry. fleet.View keeps U in C's windows, so
+// U.Start is C.Start, which the entry keeps once.
 func (e *entry) setView(v *fleet.View) {
 	e.cs, e.cp, e.cc = v.C.Start, v.C.Prev, v.C.Curr
-	e.us, e.up, e.uc = v.U.Start, v.U.Prev, v.U.Curr
+	e.up, e.uc = v.U.Prev, v.U.Curr
 }
+
+// blind returns a write-back entry's fleet.Blind.
+func (e *entry) blind() fleet.Blind { return fleet.Blind(e.us) }
+
+// setBlind stores a write-back entry's fleet.Blind.
+func (e *entry) setBlind(b fleet.Blind) { e.us = int64(b) }
 
 // state returns C.
 func (e *entry) state() window.State { return window.State{Start: e.cs, Prev: e.cp, Curr: e.cc} }
@@ -105,6 +113,8 @@ type shard struct {
 	waits map[ident]chan struct{}
 	// seq draws the entries an eviction samples.
 	seq uint64
+	// evicted is the instant (Unix ms) of the shard's last eviction.
+	evicted int64
 }
 
 func (sh *shard) at(i int) *entry { return &sh.chunks[i/chunkSize][i%chunkSize] }

@@ -117,7 +117,11 @@ return n
 func (s *Store) adminKey(name string) string { return s.prefix + adminTag + name }
 
 // banKey returns the key of the ban of rule on key.
-func (s *Store) banKey(rule, key string) string {
+func (s *Store) banKey(rule, key string) string { return s.clientKey("ban:", rule, key) }
+
+// clientKey returns the key of a record of kind ("ban:", "pause:") of rule
+// on key, in the hash slot of key's bucket.
+func (s *Store) clientKey(kind, rule, key string) string {
 	var arr [160]byte
 	in := binary.AppendUvarint(arr[:0], uint64(len(rule)))
 	in = append(in, rule...)
@@ -125,7 +129,7 @@ func (s *Store) banKey(rule, key string) string {
 	in = append(in, key...)
 	sum := sha256.Sum256(in)
 	b := s.appendKey(nil, key)
-	b = append(b, "ban:"...)
+	b = append(b, kind...)
 	return string(hex.AppendEncode(b, sum[:fieldLen]))
 }
 
@@ -133,27 +137,11 @@ func (s *Store) banKey(rule, key string) string {
 // server's clock), unless a ban that ends later is in force, and returns
 // when the ban ends.
 func (s *Store) SetBan(ctx context.Context, now time.Time, rule, key string, d time.Duration) (time.Time, error) {
-	arg, err := nowArg(now)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if d < time.Millisecond {
-		return time.Time{}, fmt.Errorf("redisstore: ban of %s: want at least 1ms", d)
-	}
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := s.eval(ctx, setBanScript, []string{s.banKey(rule, key)}, []any{arg, d.Milliseconds()})
+	until, at, err := s.setUntil(ctx, now, s.banKey(rule, key), d, "ban")
 	if err != nil {
-		return time.Time{}, fmt.Errorf("redisstore: set ban: %w", err)
-	}
-	r, ok := v.([]any)
-	if !ok || len(r) != 2 {
-		return time.Time{}, fmt.Errorf("redisstore: set ban: reply %T", v)
-	}
-	until, err1 := intAt(r, 0)
-	at, err2 := intAt(r, 1)
-	if err1 != nil || err2 != nil {
-		return time.Time{}, fmt.Errorf("redisstore: set ban: reply %v", r)
+		return time.Time{}, err
 	}
 	if _, err := s.eval(ctx, indexBanScript, []string{s.adminKey("bans")},
 		[]any{until, rule + "\x00" + key, at}); err != nil {
@@ -166,19 +154,54 @@ func (s *Store) SetBan(ctx context.Context, now time.Time, rule, key string, d t
 // time if none is in force at now (the zero time means the server's
 // clock).
 func (s *Store) BannedUntil(ctx context.Context, now time.Time, rule, key string) (time.Time, error) {
+	return s.readUntil(ctx, now, s.banKey(rule, key), "ban")
+}
+
+// setUntil makes the record k (a ban or a pause) end d from now (the zero
+// time means the server's clock), unless it ends later already, in one
+// script call; it returns when the record ends and the instant it was
+// set at, in Unix ms. what names the record in errors.
+func (s *Store) setUntil(ctx context.Context, now time.Time, k string, d time.Duration, what string) (until, at int64, err error) {
+	arg, err := nowArg(now)
+	if err != nil {
+		return 0, 0, err
+	}
+	if d < time.Millisecond {
+		return 0, 0, fmt.Errorf("redisstore: %s of %s: want at least 1ms", what, d)
+	}
+	v, err := s.eval(ctx, setBanScript, []string{k}, []any{arg, d.Milliseconds()})
+	if err != nil {
+		return 0, 0, fmt.Errorf("redisstore: set %s: %w", what, err)
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 2 {
+		return 0, 0, fmt.Errorf("redisstore: set %s: reply %T", what, v)
+	}
+	until, err1 := intAt(r, 0)
+	at, err2 := intAt(r, 1)
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("redisstore: set %s: reply %v", what, r)
+	}
+	return until, at, nil
+}
+
+// readUntil returns when the record k (a ban or a pause) ends, or the zero
+// time if it is not in force at now (the zero time means the server's
+// clock).
+func (s *Store) readUntil(ctx context.Context, now time.Time, k, what string) (time.Time, error) {
 	arg, err := nowArg(now)
 	if err != nil {
 		return time.Time{}, err
 	}
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := s.eval(ctx, bannedScript, []string{s.banKey(rule, key)}, []any{arg})
+	v, err := s.eval(ctx, bannedScript, []string{k}, []any{arg})
 	if err != nil {
-		return time.Time{}, fmt.Errorf("redisstore: ban: %w", err)
+		return time.Time{}, fmt.Errorf("redisstore: %s: %w", what, err)
 	}
 	n, ok := v.(int64)
 	if !ok {
-		return time.Time{}, fmt.Errorf("redisstore: ban: reply %T", v)
+		return time.Time{}, fmt.Errorf("redisstore: %s: reply %T", what, v)
 	}
 	if n == 0 {
 		return time.Time{}, nil

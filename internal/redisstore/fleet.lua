@@ -47,10 +47,11 @@ local function one(req, key)
     now = clock
   end
   local v = redis.call('HGET', key, field)
-  -- fresh: the bucket does not exist yet, so it gets a plain PEXPIRE
-  -- (GT leaves a key without an expiry alone).
-  local fresh = not v and redis.call('EXISTS', key) == 0
   local s, p, c, at, rem, exp, value
+  -- s0 is the stored window's start (or the token bucket's stored
+  -- expiry), -1 if none: the bucket's expiry is extended only when the
+  -- counter's moves, as decide.lua does.
+  local s0 = -1
   local limit, w, r, b0, b1, b2, b3, rate, burst, win
   if code == '0' then
     limit, w, r = unpack('<i8i8i8', req, a)
@@ -59,6 +60,7 @@ local function one(req, key)
     s, p, c = 0, 0, 0
     if v and #v == 32 then
       s, p, c = unpack('<ddd', v)
+      s0 = s
     end
     at = now
     if p == 0 and c == 0 then
@@ -89,6 +91,7 @@ local function one(req, key)
     if v and #v == 21 and string.byte(v, 1) == 70 then
       local _
       _, e0, s, c = unpack('<Bi6i6d', v)
+      s0 = s
     end
     at = now
     if c == 0 or now >= s then
@@ -117,12 +120,14 @@ local function one(req, key)
     a = a + 32
     w = win / r
     -- window.Limit.Roll for a token bucket (decide.lua's rollToken).
-    local s0, r0, l0 = -1, 0, 0
+    local t0, r0, l0 = -1, 0, 0
     if v and #v == 27 and string.byte(v, 1) == 84 then
       local _, e
-      _, e, s0, r0, l0 = unpack('<Bi6i6i6d', v)
+      _, e, t0, r0, l0 = unpack('<Bi6i6i6d', v)
       if e <= now then
-        s0, r0, l0 = -1, 0, 0
+        t0, r0, l0 = -1, 0, 0
+      else
+        s0 = e
       end
     end
     local base = now - now % r
@@ -130,7 +135,7 @@ local function one(req, key)
     if l0 <= 0 then
       s, c = base, 0
     else
-      local level, st = l0, s0
+      local level, st = l0, t0
       if r0 ~= r and r0 > 0 then
         local ow = max(floor(win / r0), 1)
         level = min(floor((level + ow - 1) / ow), burst + 1) * w
@@ -257,29 +262,43 @@ local function one(req, key)
     end
   end
 
+  -- The bucket's expiry is extended (PEXPIRE GT, never shortened) when
+  -- the counter's moves: a new window, or a token bucket's expiry rounded
+  -- up to whole windows (as decide.lua does). A bucket this call may have
+  -- made (the counter was absent) gets NX when GT changed nothing, since
+  -- GT leaves a key without an expiry alone.
+  local ttl
   if changed then
     if code == '0' then
       value = pack('<dddd', s, p, c, w)
-      exp = s + 2 * w
+      if s ~= s0 then
+        ttl = s + 2 * w - now
+      end
     elseif code == '3' then
       local e = min(s + floor((c + rate - 1) / rate) * r, 140737488355327)
       value = pack('<Bi6i6i6d', 84, e, s, r, c)
-      exp = e + (win - e % win) % win
+      e = e + (win - e % win) % win
+      if s0 < 0 or e > s0 + (win - s0 % win) % win then
+        ttl = e - now
+      end
     else
       value = pack('<Bi6i6d', 70, exp, s, c)
+      if s ~= s0 then
+        ttl = exp - now
+      end
     end
     redis.call('HSET', key, field, value)
-    local ttl = max(1, exp - now)
-    if fresh then
-      redis.call('PEXPIRE', key, ttl)
-    else
-      redis.call('PEXPIRE', key, ttl, 'GT')
-    end
-  elseif op == 'L' and fresh then
-    -- Only the holders were written, to a new bucket: they matter until
-    -- the lease ends.
+  elseif op == 'L' and not v then
+    -- Only the holders were written, maybe to a new bucket: they matter
+    -- until the lease ends.
     local _, _, _, _, untl = unpack('<i8i8i8i8i8', req, a)
-    redis.call('PEXPIRE', key, max(1, untl - now))
+    ttl = untl - now
+  end
+  if ttl then
+    ttl = max(1, ttl)
+    if redis.call('PEXPIRE', key, ttl, 'GT') == 0 and not v then
+      redis.call('PEXPIRE', key, ttl, 'NX')
+    end
   end
   return pack('<i8i8i8i8i8i8', now, granted, servers, s, p, c)
 end

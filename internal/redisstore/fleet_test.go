@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -174,3 +175,72 @@ func TestFleetClusterAndClock(t *testing.T) {
 }
 
 func same(a, b window.State) bool { return a.Start == b.Start && a.Prev == b.Prev && a.Curr == b.Curr }
+
+// TestFleetBucketExpiry checks the expiry fleet.lua gives a bucket: a
+// bucket its call makes expires with the counter (two windows for a
+// sliding window, the window's end for a fixed one, the instant it is full
+// again, rounded up to a window, for a token bucket), or, holding only a
+// lease's holders, when the lease ends; a later call in the same window
+// leaves the expiry alone, and one in a new window extends it, never
+// shortening a longer one.
+func TestFleetBucketExpiry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	client := srv.Client(t, nil)
+	s := newTestStore(t, client, srv.Prefix(t))
+	ctx := context.Background()
+	const base = 1_800_000_000_000 // a whole minute
+	pttl := func(c *window.Charge) time.Duration {
+		return client.PTTL(ctx, string(s.appendKey(nil, c.Key))).Val()
+	}
+	call := func(c *window.Charge, now int64, lease bool, n int64) {
+		t.Helper()
+		fc := &fleet.Call{ID: FleetID(c), Limit: &c.Limit, Now: now, Delta: fleet.Delta{Start: now, Curr: n}}
+		if lease {
+			fc = &fleet.Call{ID: FleetID(c), Limit: &c.Limit, Now: now, Lease: true, Want: n, Holder: 9, Until: now + 3000}
+		}
+		if _, err := s.Fleet(ctx, time.Time{}, fc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	near := func(got, want time.Duration) bool { return got > want-2*time.Second && got <= want }
+	for _, tc := range []struct {
+		l    window.Limit
+		life time.Duration // of a counter written at base
+	}{
+		{window.Limit{Requests: 100, Window: time.Minute}, 2 * time.Minute},
+		{window.Limit{Requests: 100, Window: time.Minute, Algorithm: window.FixedWindow}, time.Minute},
+		{window.Limit{Requests: 100, Window: time.Minute, Algorithm: window.TokenBucket}, time.Minute},
+	} {
+		for _, lease := range []bool{false, true} {
+			c := fleetCharge(fmt.Sprintf("expiry:%s:%v", tc.l.Algorithm, lease), tc.l)
+			call(&c, base, lease, 5)
+			if got := pttl(&c); !near(got, tc.life) {
+				t.Errorf("%s, lease %v: a new bucket expires in %s, want %s", tc.l.Algorithm, lease, got, tc.life)
+			}
+			// A longer expiry (another counter's) is never shortened.
+			client.PExpire(ctx, string(s.appendKey(nil, c.Key)), 10*time.Minute)
+			call(&c, base+1000, lease, 5)
+			call(&c, base+tc.l.Window.Milliseconds()+1000, lease, 5)
+			if got := pttl(&c); !near(got, 10*time.Minute) {
+				t.Errorf("%s, lease %v: a bucket of 10 min expires in %s after later calls", tc.l.Algorithm, lease, got)
+			}
+		}
+		// A call in a new window extends a shorter expiry.
+		c := fleetCharge(fmt.Sprintf("expiry:%s:extend", tc.l.Algorithm), tc.l)
+		call(&c, base, false, 5)
+		client.PExpire(ctx, string(s.appendKey(nil, c.Key)), time.Second)
+		later := base + 3*tc.l.Window.Milliseconds()
+		call(&c, later, false, 5)
+		if got := pttl(&c); !near(got, tc.life) {
+			t.Errorf("%s: after a call in a new window the bucket expires in %s, want %s", tc.l.Algorithm, got, tc.life)
+		}
+	}
+	// Only the holders of a lease that granted nothing: the bucket lives
+	// until the lease ends.
+	c := fleetCharge("expiry:holders", window.Limit{Requests: 100, Window: time.Minute})
+	call(&c, base, true, 0)
+	if got := pttl(&c); !near(got, 3*time.Second) {
+		t.Errorf("a bucket of holders only expires in %s, want 3s", got)
+	}
+}

@@ -56,6 +56,12 @@
 //	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
 //	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
 //	sluice.region.dropped          Int64Counter                  {counter}                 sluice_region_dropped_total
+//	sluice.outbound.waits          Int64Counter                  {request}  rule           sluice_outbound_waits_total
+//	sluice.outbound.wait           Float64Histogram              s                         sluice_outbound_wait_seconds
+//	sluice.outbound.gave_up        Int64Counter                  {request}  rule           sluice_outbound_gave_up_total
+//	sluice.outbound.upstream_refused Int64Counter                {request}  rule           sluice_outbound_upstream_refused_total
+//	sluice.outbound.pauses         Int64Counter                  {pause}    rule           sluice_outbound_pauses_total
+//	sluice.outbound.lowered_units  Int64Counter                  {unit}     rule           sluice_outbound_lowered_units_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -150,6 +156,12 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDropped,
+	OutboundWaits,
+	OutboundWait,
+	OutboundGaveUp,
+	OutboundUpstreamRefused,
+	OutboundPauses,
+	OutboundLoweredUnits,
 }
 
 // DecisionEvent is the name of the span event Decided adds.
@@ -262,6 +274,7 @@ type Metrics struct {
 	sync     syncInstruments     // sync.go
 	clients  clientInstruments   // clients.go
 	region   regionInstruments   // region.go
+	outbound outboundInstruments // outbound.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -357,6 +370,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(m.initSync(meter))
 	check(m.initClients(meter))
 	check(m.initRegion(meter))
+	check(m.initOutbound(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}

@@ -367,6 +367,7 @@ func TestMetricNames(t *testing.T) {
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
 	regionEvents(m)
+	outboundEvents(m)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -23,26 +23,32 @@ var prometheusMetrics = map[string]struct {
 	typ    dto.MetricType
 	labels []string
 }{
-	"sluice_decisions_total":             {dto.MetricType_COUNTER, []string{"outcome", "rule"}},
-	"sluice_store_call_duration_seconds": {dto.MetricType_HISTOGRAM, nil},
-	"sluice_store_errors_total":          {dto.MetricType_COUNTER, nil},
-	"sluice_deny_cache_hits_total":       {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_circuit_breaker_open":        {dto.MetricType_GAUGE, nil},
-	"sluice_store_server_up":             {dto.MetricType_GAUGE, []string{"server"}},
-	"sluice_memory_keys":                 {dto.MetricType_GAUGE, nil},
-	"sluice_memory_evictions_total":      {dto.MetricType_COUNTER, nil},
-	"sluice_queue_waiting":               {dto.MetricType_GAUGE, nil},
-	"sluice_concurrency_slots_held":      {dto.MetricType_GAUGE, nil},
-	"sluice_rules_reloads_total":         {dto.MetricType_COUNTER, []string{"result"}},
-	"sluice_sync_unsynced_total":         {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_sync_flush_duration_seconds": {dto.MetricType_HISTOGRAM, nil},
-	"sluice_sync_flush_errors_total":     {dto.MetricType_COUNTER, nil},
-	"sluice_sync_lease_granted_total":    {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_sync_gave_back_total":        {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_sync_dropped_total":          {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_bans_total":                  {dto.MetricType_COUNTER, []string{"rule"}},
-	"sluice_bans_in_force":               {dto.MetricType_GAUGE, nil},
-	"sluice_overrides_in_force":          {dto.MetricType_GAUGE, nil},
+	"sluice_decisions_total":                 {dto.MetricType_COUNTER, []string{"outcome", "rule"}},
+	"sluice_store_call_duration_seconds":     {dto.MetricType_HISTOGRAM, nil},
+	"sluice_store_errors_total":              {dto.MetricType_COUNTER, nil},
+	"sluice_deny_cache_hits_total":           {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_circuit_breaker_open":            {dto.MetricType_GAUGE, nil},
+	"sluice_store_server_up":                 {dto.MetricType_GAUGE, []string{"server"}},
+	"sluice_memory_keys":                     {dto.MetricType_GAUGE, nil},
+	"sluice_memory_evictions_total":          {dto.MetricType_COUNTER, nil},
+	"sluice_queue_waiting":                   {dto.MetricType_GAUGE, nil},
+	"sluice_concurrency_slots_held":          {dto.MetricType_GAUGE, nil},
+	"sluice_rules_reloads_total":             {dto.MetricType_COUNTER, []string{"result"}},
+	"sluice_sync_unsynced_total":             {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_flush_duration_seconds":     {dto.MetricType_HISTOGRAM, nil},
+	"sluice_sync_flush_errors_total":         {dto.MetricType_COUNTER, nil},
+	"sluice_sync_lease_granted_total":        {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_gave_back_total":            {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_sync_dropped_total":              {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_bans_total":                      {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_bans_in_force":                   {dto.MetricType_GAUGE, nil},
+	"sluice_overrides_in_force":              {dto.MetricType_GAUGE, nil},
+	"sluice_outbound_waits_total":            {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_outbound_wait_seconds":           {dto.MetricType_HISTOGRAM, nil},
+	"sluice_outbound_gave_up_total":          {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_outbound_upstream_refused_total": {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_outbound_pauses_total":           {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_outbound_lowered_units_total":    {dto.MetricType_COUNTER, []string{"rule"}},
 }
 
 // TestPrometheusNames: exported through OpenTelemetry's Prometheus
@@ -74,6 +80,7 @@ func TestPrometheusNames(t *testing.T) {
 	syncEvents(m)
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
+	outboundEvents(m)
 
 	mfs, err := reg.Gather()
 	if err != nil {

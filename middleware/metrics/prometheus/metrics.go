@@ -46,6 +46,12 @@
 //	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
 //	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
 //	sluice_region_dropped_total            counter    global counters not synced (too many)
+//	sluice_outbound_waits_total{rule}      counter    outgoing requests that waited for their turn
+//	sluice_outbound_wait_seconds           histogram  how long outgoing requests waited
+//	sluice_outbound_gave_up_total{rule}    counter    outgoing requests that could not fit in time, not sent
+//	sluice_outbound_upstream_refused_total{rule}  counter  outgoing requests the upstream refused (429)
+//	sluice_outbound_pauses_total{rule}     counter    pauses the upstream asked for (Retry-After)
+//	sluice_outbound_lowered_units_total{rule}  counter  units taken off the budget to follow the upstream
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -124,6 +130,12 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDroppedTotal,
+	OutboundWaitsTotal,
+	OutboundWaitSeconds,
+	OutboundGaveUpTotal,
+	OutboundRefusedTotal,
+	OutboundPausesTotal,
+	OutboundLoweredTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration
@@ -220,6 +232,7 @@ type Metrics struct {
 	sync     syncMetrics     // sync.go
 	clients  clientMetrics   // clients.go
 	region   regionMetrics   // region.go
+	outbound outboundMetrics // outbound.go
 }
 
 type watch struct{ lim *middleware.Limiter }
@@ -311,6 +324,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.sync = newSyncMetrics(cl)
 	m.clients = newClientMetrics(cl)
 	m.region = newRegionMetrics(cl)
+	m.outbound = newOutboundMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -451,7 +465,8 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	cs = append(cs, m.capacity.collectors()...)
 	cs = append(cs, m.sync.collectors()...)
 	cs = append(cs, m.clients.collectors()...)
-	return append(cs, m.region.collectors()...)
+	cs = append(cs, m.region.collectors()...)
+	return append(cs, m.outbound.collectors()...)
 }
 
 // Collect sends the current value of every metric, reading the Stats of

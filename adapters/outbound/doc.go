@@ -1,0 +1,102 @@
+// Package outbound rate-limits the requests a program sends to other
+// APIs with a sluice Limiter: an http.RoundTripper that wraps another
+// (http.DefaultTransport by default), so that a client is all a program
+// changes, as with otelhttp.NewTransport:
+//
+//	store, _ := middleware.NewRedisStore(rdb, middleware.RedisConfig{})
+//	lim, err := middleware.NewRules([]middleware.Rule{{
+//		Name:   "partner",
+//		Key:    outbound.Host(),
+//		Limits: []middleware.Limit{middleware.PerSecond(100)},
+//		Sync:   middleware.SyncLease,
+//	}}, middleware.WithStore(store), middleware.WithPauses())
+//	...
+//	t, err := outbound.New(lim, outbound.Options{})
+//	...
+//	client := &http.Client{Transport: t}
+//
+// The Limiter's rules apply as they do to incoming requests, to a view of
+// the outgoing request (Request): its method, its URL's path (Rule.Path,
+// with its patterns) and query, its headers, and the host it goes to
+// (Header("Host")). Host keys a request by the upstream's host,
+// FromContext by a key the caller puts in the request's context
+// (WithKey: a tenant, for a per-tenant budget at the upstream), and
+// keyfunc.Header, keyfunc.Method and keyfunc.Join work unchanged. Cost
+// gives a rule the cost the caller put in the context (WithCost): the
+// tokens an LLM request is expected to use.
+//
+// # Waiting, not failing
+//
+// A request the Limiter denies waits for its turn instead of failing:
+// its wait is the denial's RetryAfter, and the requests of one key wait in
+// the order they were first denied, only the oldest asking the Limiter
+// again. The wait is bounded by the request's context deadline and by
+// Options.MaxWait: a request whose turn would come later fails at once,
+// unsent and uncharged, with a *WaitError (ErrTooLong); one whose
+// context ends while it waits fails likewise, with the context's error. A
+// request is sent only once the Limiter admitted it: the transport never
+// sends what the budget does not allow.
+//
+// # One budget for a fleet
+//
+// With the Redis store (middleware.NewRedisStore) the processes of a
+// fleet share one budget per key. What each coordination mode
+// (Rule.Sync) guarantees for outgoing requests:
+//
+//   - exact: every decision is one atomic call to Redis; the fleet sends
+//     what one process would.
+//   - lease: each process decides in memory from a slice of the budget it
+//     reserved in Redis; the fleet never sends more than exact mode would
+//     (per window, at most the limit), at the price of requests that wait
+//     while other processes hold unused slices (at most (processes − 1) ×
+//     Lease units per window, for one SyncInterval). The natural mode
+//     for outgoing requests: keep Lease small beside the limit.
+//   - write_back: each process counts in memory and pushes its counts; the
+//     fleet may send up to processes × MaxUnsynced more than the limit per
+//     window, plus what it sends in one SyncInterval, which the upstream
+//     may refuse (and which then pauses the fleet, see below).
+//
+// With the memory store, the budget is each process's own.
+//
+// # Listening to the upstream
+//
+// The transport reads the rate-limit fields of every response, as
+// untrusted input (package internal/ratefields, fuzzed): Retry-After, in
+// seconds or as an HTTP date; the IETF RateLimit and RateLimit-Policy
+// fields (draft-10); X-RateLimit-Limit, -Remaining and -Reset, the reset in
+// seconds or as a Unix time (as GitHub sends it); and OpenAI's
+// x-ratelimit-remaining-requests and -tokens with their reset durations.
+// A negative or unreadable value is ignored; a wait is capped at
+// Options.MaxPause (DefaultMaxPause, 15 minutes: a Retry-After of ten
+// years pauses for 15 minutes).
+//
+//   - On a 429 (or a 503) with a Retry-After, the request's keys are
+//     paused until then (Limiter.Pause): with Redis, one write per key,
+//     which every process of the fleet honours. Every waiting request
+//     anywhere resumes after the pause, not before.
+//   - When the upstream says that a budget (requests, or tokens) has
+//     nothing left until a reset while the Limiter's budget still had some,
+//     the keys are paused until the reset.
+//   - When the upstream announces a quota (RateLimit-Policy) below the
+//     rule's limit, the rule's limits are lowered to it for the key, for a
+//     minute renewed while it is announced (Limiter.SetOverride: with
+//     Redis, for the whole fleet).
+//
+// The bound on refusals: a Limiter made WithPauses checks each request's
+// keys for a pause before charging it, so a request that starts after a
+// pause was written waits. The upstream can therefore refuse, per pause,
+// at most the requests that were already admitted and not yet answered
+// when the pause was written: the requests in flight, fleet-wide (with a
+// leaky bucket, those holding a turn too).
+//
+// # Observing
+//
+// The transport reports to the Limiter's Observers, through
+// Observer.Outbound (middleware.OutboundEvent): the requests that waited
+// and for how long, those that gave up, the upstream's refusals, the
+// pauses and the lowered budgets; the metrics modules export them as
+// sluice_outbound_*. Each wait's decisions reach Observer.Decided as any
+// decision does: give the outbound Limiter metrics of its own
+// (sluiceprom.WithConstLabels) to tell them from incoming requests'.
+// See docs/outbound.md.
+package outbound
