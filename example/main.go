@@ -22,8 +22,10 @@
 // 127.0.0.1:9090, loopback only, or a free port of 127.0.0.1 when another
 // process listens there, as Prometheus does by default; the address is
 // printed) the listener of the admin handler (rules
-// in force, peek and reset a client's counters), which requires the token
-// of $SLUICE_ADMIN_TOKEN (or a random one printed at start). Logs go to
+// in force, peek and reset a client's counters, top clients, bans,
+// overrides, and an operator page at its root, whose address is printed),
+// which requires the token of $SLUICE_ADMIN_TOKEN (or a random one printed
+// at start). Logs go to
 // stderr through log/slog.
 package main
 

@@ -65,6 +65,16 @@ func TestOperatorPage(t *testing.T) {
 	if fmt.Sprint(codes[:6]) != "[401 401 401 401 401 429]" {
 		t.Fatalf("burst answered %v, want 5 × 401 then 429", codes)
 	}
+	// Other clients, below their limits: the list has more than one.
+	for user, n := range map[string]int{"alice": 1, "bob": 3, "carol": 2} {
+		for range n {
+			res, err := http.PostForm("http://"+appAddr+"/login?user="+user, url.Values{"password": {"guess"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+		}
+	}
 
 	ctx := newBrowser(t, browser)
 	top := fmt.Sprintf(`#top tbody tr[data-key=%q]`, client)
@@ -97,6 +107,15 @@ func TestOperatorPage(t *testing.T) {
 	}
 	if n := banTotal(t, adminAddr); n != 1 {
 		t.Fatalf("the API lists %d bans after the burst, want 1", n)
+	}
+	// By units charged: the burst's client first, then the others.
+	run(t, ctx, "rank by units charged",
+		chromedp.SetValue(chromedp.CSS(`#top-by`), "charged"),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("top-by").dispatchEvent(new Event("change"))`),
+		chromedp.WaitVisible(chromedp.CSS(`#top tbody tr:nth-child(4)`)),
+	)
+	if got := value(t, ctx, "read the first key", chromedp.Text(chromedp.CSS(`#top tbody tr:first-child code`))); got != client {
+		t.Errorf("first by units charged: %q, want %q", got, client)
 	}
 	screenshot(t, ctx, "operator-page-1280x800.png")
 

@@ -66,8 +66,9 @@ type shard struct {
 // (multi-producer, one consumer), each producer sticking to the shard it
 // was given so that its cache lines stay on its core. Putting an event
 // copies its key into the slot and allocates nothing (but for keys longer
-// than 78 bytes); when a shard is full the event is dropped and counted,
-// never waited for.
+// than 78 bytes). When a shard is full (the drainer is short of CPU), the
+// producer asks Help to drain it, which must not wait; if Help cannot, the
+// event is dropped and counted.
 type Ring struct {
 	shards []shard
 	mask   uint32
@@ -76,6 +77,10 @@ type Ring struct {
 	wake chan struct{}
 	// dropped counts the events and units dropped on full shards.
 	dropped, droppedUnits atomic.Uint64
+	// Help, if set, is asked to drain a full shard (one consumer at a
+	// time: it drains only if no one else does) and reports whether it
+	// did. Set it before the first Put.
+	Help func(shard uint32) bool
 }
 
 // NewRing returns a ring of up to 16 shards (twice GOMAXPROCS), whose
@@ -105,6 +110,7 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 		slots = sh.alloc()
 	}
 	pos := sh.tail.Load()
+	helped := false
 	for {
 		s := &slots[pos%slotsPerShard]
 		seq := s.seq.Load()
@@ -127,6 +133,11 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 			return
 		case seq < pos:
 			// The slot of the previous lap is not drained yet: full.
+			if !helped && r.Help != nil && r.Help(shard) {
+				helped = true
+				pos = sh.tail.Load()
+				continue
+			}
 			r.dropped.Add(1)
 			r.droppedUnits.Add(uint64(max(units, 0)))
 			return
@@ -166,36 +177,45 @@ func (sh *shard) alloc() *[slotsPerShard]slot {
 // shard, and returns how many it handed. key is valid only during the
 // call. Only one goroutine may drain at a time.
 func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) int {
-	var buf [inlineKey]byte
 	n := 0
 	for i := range r.shards {
-		sh := &r.shards[i]
-		slots := sh.slots.Load()
-		if slots == nil {
-			continue
-		}
-		head := sh.head.Load()
-		for {
-			s := &slots[head%slotsPerShard]
-			if s.seq.Load() != head+1 {
-				break
-			}
-			rule, units, kind := s.rule, s.units, s.kind
-			var key []byte
-			if s.long != "" {
-				key = []byte(s.long)
-			} else {
-				key = buf[:copy(buf[:], s.key[:s.n])]
-			}
-			s.rule, s.long, s.n = "", "", 0
-			s.seq.Store(head + slotsPerShard)
-			head++
-			sh.head.Store(head)
-			fn(rule, key, units, kind)
-			n++
-		}
+		n += r.shards[i].drain(fn)
 	}
 	return n
+}
+
+// DrainShard is Drain for one shard (as Shard returned it).
+func (r *Ring) DrainShard(shard uint32, fn func(rule string, key []byte, units int64, kind Kind)) int {
+	return r.shards[(shard-1)&r.mask].drain(fn)
+}
+
+func (sh *shard) drain(fn func(rule string, key []byte, units int64, kind Kind)) int {
+	slots := sh.slots.Load()
+	if slots == nil {
+		return 0
+	}
+	var buf [inlineKey]byte
+	n := 0
+	head := sh.head.Load()
+	for {
+		s := &slots[head%slotsPerShard]
+		if s.seq.Load() != head+1 {
+			return n
+		}
+		rule, units, kind := s.rule, s.units, s.kind
+		var key []byte
+		if s.long != "" {
+			key = []byte(s.long)
+		} else {
+			key = buf[:copy(buf[:], s.key[:s.n])]
+		}
+		s.rule, s.long, s.n = "", "", 0
+		s.seq.Store(head + slotsPerShard)
+		head++
+		sh.head.Store(head)
+		fn(rule, key, units, kind)
+		n++
+	}
 }
 
 // Dropped returns the events and units dropped so far on full shards.

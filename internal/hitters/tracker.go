@@ -86,6 +86,9 @@ type Tracker struct {
 	seenDropped uint64
 	// published is when each rule was last published, and how it went.
 	pub pubState
+	// drain is the state of a drain, and each its function of an event.
+	drain drainRun
+	each  func(rule string, key []byte, units int64, kind Kind)
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -108,6 +111,8 @@ func New(cfg Config) *Tracker {
 		cfg.Every = 200 * time.Millisecond
 	}
 	t := &Tracker{ring: NewRing(), cfg: cfg, now: cfg.Now, rules: map[string]*ruleState{}, stop: make(chan struct{})}
+	t.ring.Help = t.help
+	t.each = t.event
 	if t.now == nil {
 		t.now = func() int64 { return time.Now().UnixMilli() }
 	}
@@ -200,42 +205,35 @@ func (t *Tracker) drainLoop() {
 	}
 }
 
-// drainLocked moves the ring's events into the summaries and returns the
-// instant it counted them at. A run of events of one rule, kind and key
-// (a burst from one client) is counted as one.
-func (t *Tracker) drainLocked() int64 {
-	now := t.now()
-	var (
-		rs      *ruleState
-		rule    string
-		key     []byte
-		kind    Kind
-		units   uint64
-		events  uint64
-		pending bool
-	)
-	flush := func() {
-		if !pending || rs == nil {
-			return
-		}
-		rs.rates.AddN(kind, events, units, now)
-		if rs.k > 0 {
-			rs.windows[kind].Add(key, units, now)
-		}
+// help drains a full shard for a request, unless the summaries are busy
+// (the drainer or a reader holds them): the request never waits.
+func (t *Tracker) help(shard uint32) bool {
+	if !t.mu.TryLock() {
+		return false
 	}
-	t.ring.Drain(func(r string, k []byte, u int64, kd Kind) {
-		if pending && r == rule && kd == kind && string(k) == string(key) {
-			units += uint64(max(u, 0))
-			events++
-			return
-		}
-		flush()
-		if r != rule {
-			rule, rs = r, t.rules[r] // nil for a rule replaced since
-		}
-		key, kind, units, events, pending = append(key[:0], k...), kd, uint64(max(u, 0)), 1, true
-	})
-	flush()
+	t.drainShardLocked(shard)
+	t.mu.Unlock()
+	return true
+}
+
+// drainLocked moves the ring's events into the summaries and returns the
+// instant it counted them at.
+func (t *Tracker) drainLocked() int64 { return t.drainShardLocked(0) }
+
+// drainShardLocked is drainLocked for one shard of the ring (0: all). A
+// run of events of one rule, kind and key (a burst from one client) is
+// counted as one.
+func (t *Tracker) drainShardLocked(shard uint32) int64 {
+	now := t.now()
+	d := &t.drain
+	d.now, d.pending = now, false
+	if shard == 0 {
+		t.ring.Drain(t.each)
+	} else {
+		t.ring.DrainShard(shard, t.each)
+	}
+	d.flush()
+	d.rs, d.rule = nil, ""
 	if _, units := t.ring.Dropped(); units != t.seenDropped {
 		for p := range numPeriods {
 			t.drops[p].Add(Charged, units-t.seenDropped, now)
@@ -243,6 +241,47 @@ func (t *Tracker) drainLocked() int64 {
 		t.seenDropped = units
 	}
 	return now
+}
+
+// drainRun is the run of like events a drain is adding up: one rule, kind
+// and key. Its buffer is reused, so that draining allocates nothing.
+type drainRun struct {
+	now     int64
+	rs      *ruleState // nil for a rule replaced since
+	rule    string
+	key     []byte
+	kind    Kind
+	units   uint64
+	events  uint64
+	pending bool
+}
+
+// event adds one event of the ring to the run, or counts the run and
+// starts another; t.each is it, made once.
+func (t *Tracker) event(r string, k []byte, u int64, kd Kind) {
+	d := &t.drain
+	if d.pending && r == d.rule && kd == d.kind && string(k) == string(d.key) {
+		d.units += uint64(max(u, 0))
+		d.events++
+		return
+	}
+	d.flush()
+	if r != d.rule {
+		d.rule, d.rs = r, t.rules[r]
+	}
+	d.key, d.kind, d.units, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), 1, true
+}
+
+// flush counts the run.
+func (d *drainRun) flush() {
+	if !d.pending || d.rs == nil {
+		return
+	}
+	d.rs.rates.AddN(d.kind, d.events, d.units, d.now)
+	if d.rs.k > 0 {
+		d.rs.windows[d.kind].Add(d.key, d.units, d.now)
+	}
+	d.pending = false
 }
 
 func (t *Tracker) trimLocked(now int64) {

@@ -147,6 +147,25 @@ func TestTrackerDropsCounted(t *testing.T) {
 	}
 }
 
+// TestTrackerHelpsWhenFull: a request that finds its shard full drains it
+// itself when the summaries are free, so nothing is dropped however long
+// the drainer takes to run.
+func TestTrackerHelpsWhenFull(t *testing.T) {
+	t.Parallel()
+	tr, _ := newTracker(t, Config{K: 4, Every: time.Hour})
+	tr.SetRules(map[string]int{"api": 0})
+	tr.Close() // no drainer: only the requests themselves drain
+	sh := tr.Shard()
+	const n = 5*slotsPerShard + 3
+	for i := range n {
+		tr.Note(sh, "api", "k"+strconv.Itoa(i%2), 1, Charged)
+	}
+	v, _ := tr.Top("api", Charged, Minute)
+	if v.N != n || v.Dropped != 0 {
+		t.Fatalf("N %d, dropped %d; want %d and 0", v.N, v.Dropped, n)
+	}
+}
+
 // TestTrackerMemoryBound: a flood of distinct clients on many rules keeps
 // the summaries within rules × 2 kinds × 7 buckets × (2k − 1) keys.
 func TestTrackerMemoryBound(t *testing.T) {
