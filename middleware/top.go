@@ -33,11 +33,13 @@ const DefaultTopPublish = 5 * time.Second
 // = 100: about 350 KB per busy rule).
 //
 // A request pays only to put its rule, key and units in a lock-free ring
-// (no lock, no allocation, about 10 ns); a goroutine of the Limiter
-// drains the ring into the summaries several times a second (about 50 to
-// 250 ns of its own time per decision, depending on how many distinct
-// clients there are). A shard of the ring that fills faster than it is
-// drained drops events, which are counted (Dropped in TopList).
+// (no lock, no allocation); a goroutine of the Limiter drains the ring
+// into the summaries several times a second, and when a shard of the ring
+// fills a quarter (BENCHMARKS.md has the costs). When every core is busy
+// and that goroutine cannot run in time, a request that finds its shard
+// full drains it itself if the summaries are free (never waiting for
+// them); if they are busy, its event is dropped and counted (Dropped in
+// TopList).
 //
 // With a store shared by a fleet (Redis), each app server publishes its
 // summaries every Publish (one small write per rule, kept for TTL), and

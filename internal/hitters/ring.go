@@ -33,29 +33,38 @@ const (
 	wakeEvery = slotsPerShard / 4
 	// inlineKey is the longest key a slot holds in place; a longer one is
 	// copied to the heap (one allocation).
-	inlineKey = 78
+	inlineKey = 74
 	// maxShards bounds the shards, whatever GOMAXPROCS says.
 	maxShards = 16
 )
 
-// slot is one event in the ring, 128 bytes.
+// slot is one run of like events in the ring (one rule, kind and key),
+// 128 bytes.
 type slot struct {
 	// seq is the slot's turn: pos when free for the producer at pos,
-	// pos+1 once that producer filled it (Vyukov's bounded queue).
-	seq   atomic.Uint64
-	rule  string
-	units int64
-	long  string // the key, when longer than inlineKey
-	n     uint8  // the key's length, when inline
-	kind  Kind
-	key   [inlineKey]byte
+	// pos+1 once that producer filled it (Vyukov's bounded queue), with
+	// held set while a producer adds to it or the consumer takes it.
+	seq    atomic.Uint64
+	rule   string
+	units  int64
+	long   string // the key, when longer than inlineKey
+	events uint32 // how many events the slot adds up
+	n      uint8  // the key's length, when inline
+	kind   Kind
+	key    [inlineKey]byte
 }
+
+// held marks a slot's seq while one goroutine reads or changes it.
+const held = 1 << 63
 
 // shard is one ring of slots with its producers' and consumer's positions,
 // on cache lines of their own.
 type shard struct {
-	tail  atomic.Uint64 // the producers' next position
-	_     [56]byte
+	tail atomic.Uint64 // the producers' next position
+	// last is the position of the slot filled last, which a like event
+	// adds to while it is not drained.
+	last  atomic.Uint64
+	_     [48]byte
 	slots atomic.Pointer[[slotsPerShard]slot]
 	head  atomic.Uint64 // the consumer's next position
 	_     [48]byte
@@ -102,12 +111,30 @@ func (r *Ring) Shard() uint32 { return r.next.Add(1)&r.mask + 1 }
 func (r *Ring) Wake() <-chan struct{} { return r.wake }
 
 // Put adds an event to the shard (as Shard returned it). rule must be a
-// string that is never changed (a rule's name); key is copied.
+// string that is never changed (a rule's name); key is copied. An event
+// like the one filled last in the shard (the same rule, kind and key: a
+// client's burst), while that one is not drained, is added to it rather
+// than given a slot.
 func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 	sh := &r.shards[(shard-1)&r.mask]
 	slots := sh.slots.Load()
 	if slots == nil {
 		slots = sh.alloc()
+	}
+	if last := sh.last.Load(); last > 0 {
+		s := &slots[(last-1)%slotsPerShard]
+		if s.seq.CompareAndSwap(last, last|held) {
+			like := s.rule == rule && s.kind == kind && s.events < 1<<31 && s.long == "" &&
+				int(s.n) == len(key) && string(s.key[:s.n]) == key
+			if like {
+				s.units += units
+				s.events++
+			}
+			s.seq.Store(last)
+			if like {
+				return
+			}
+		}
 	}
 	pos := sh.tail.Load()
 	helped := false
@@ -120,19 +147,21 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 				pos = sh.tail.Load()
 				continue
 			}
-			s.rule, s.units, s.kind = rule, units, kind
+			s.rule, s.units, s.kind, s.events = rule, units, kind, 1
 			if len(key) <= inlineKey {
 				s.n = uint8(copy(s.key[:], key))
 			} else {
 				s.long = strings.Clone(key)
 			}
 			s.seq.Store(pos + 1)
+			sh.last.Store(pos + 1)
 			if (pos+1)%wakeEvery == 0 {
 				r.wakeUp(sh, pos+1)
 			}
 			return
 		case seq < pos:
-			// The slot of the previous lap is not drained yet: full.
+			// The slot of the previous lap is not drained yet (seq is
+			// below pos even while it is held): full.
 			if !helped && r.Help != nil && r.Help(shard) {
 				helped = true
 				pos = sh.tail.Load()
@@ -176,7 +205,7 @@ func (sh *shard) alloc() *[slotsPerShard]slot {
 // Drain hands every event in the ring to fn, oldest first within each
 // shard, and returns how many it handed. key is valid only during the
 // call. Only one goroutine may drain at a time.
-func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) int {
+func (r *Ring) Drain(fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
 	n := 0
 	for i := range r.shards {
 		n += r.shards[i].drain(fn)
@@ -185,11 +214,11 @@ func (r *Ring) Drain(fn func(rule string, key []byte, units int64, kind Kind)) i
 }
 
 // DrainShard is Drain for one shard (as Shard returned it).
-func (r *Ring) DrainShard(shard uint32, fn func(rule string, key []byte, units int64, kind Kind)) int {
+func (r *Ring) DrainShard(shard uint32, fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
 	return r.shards[(shard-1)&r.mask].drain(fn)
 }
 
-func (sh *shard) drain(fn func(rule string, key []byte, units int64, kind Kind)) int {
+func (sh *shard) drain(fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
 	slots := sh.slots.Load()
 	if slots == nil {
 		return 0
@@ -199,10 +228,18 @@ func (sh *shard) drain(fn func(rule string, key []byte, units int64, kind Kind))
 	head := sh.head.Load()
 	for {
 		s := &slots[head%slotsPerShard]
-		if s.seq.Load() != head+1 {
+		switch seq := s.seq.Load(); {
+		case seq == (head+1)|held:
+			// A producer adds to it: a few instructions.
+			runtime.Gosched()
+			continue
+		case seq != head+1:
 			return n
 		}
-		rule, units, kind := s.rule, s.units, s.kind
+		if !s.seq.CompareAndSwap(head+1, (head+1)|held) {
+			continue
+		}
+		rule, units, events, kind := s.rule, s.units, s.events, s.kind
 		var key []byte
 		if s.long != "" {
 			key = []byte(s.long)
@@ -213,7 +250,7 @@ func (sh *shard) drain(fn func(rule string, key []byte, units int64, kind Kind))
 		s.seq.Store(head + slotsPerShard)
 		head++
 		sh.head.Store(head)
-		fn(rule, key, units, kind)
+		fn(rule, key, units, events, kind)
 		n++
 	}
 }

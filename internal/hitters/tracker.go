@@ -88,7 +88,7 @@ type Tracker struct {
 	pub pubState
 	// drain is the state of a drain, and each its function of an event.
 	drain drainRun
-	each  func(rule string, key []byte, units int64, kind Kind)
+	each  func(rule string, key []byte, units int64, events uint32, kind Kind)
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -258,18 +258,18 @@ type drainRun struct {
 
 // event adds one event of the ring to the run, or counts the run and
 // starts another; t.each is it, made once.
-func (t *Tracker) event(r string, k []byte, u int64, kd Kind) {
+func (t *Tracker) event(r string, k []byte, u int64, n uint32, kd Kind) {
 	d := &t.drain
 	if d.pending && r == d.rule && kd == d.kind && string(k) == string(d.key) {
 		d.units += uint64(max(u, 0))
-		d.events++
+		d.events += uint64(n)
 		return
 	}
 	d.flush()
 	if r != d.rule {
 		d.rule, d.rs = r, t.rules[r]
 	}
-	d.key, d.kind, d.units, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), 1, true
+	d.key, d.kind, d.units, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), uint64(n), true
 }
 
 // flush counts the run.

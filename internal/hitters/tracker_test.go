@@ -137,8 +137,8 @@ func TestTrackerDropsCounted(t *testing.T) {
 	// lock Top holds... so fill it from under the lock).
 	tr.mu.Lock()
 	sh := tr.Shard()
-	for range slotsPerShard + 5 {
-		tr.Note(sh, "api", "k", 3, Charged)
+	for i := range slotsPerShard + 5 {
+		tr.Note(sh, "api", "k"+strconv.Itoa(i), 3, Charged)
 	}
 	tr.mu.Unlock()
 	v, _ := tr.Top("api", Charged, Minute)
