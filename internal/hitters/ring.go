@@ -62,9 +62,11 @@ const held = 1 << 63
 type shard struct {
 	tail atomic.Uint64 // the producers' next position
 	// last is the position of the slot filled last, which a like event
-	// adds to while it is not drained.
-	last  atomic.Uint64
-	_     [48]byte
+	// adds to while it is not drained, and lastSig the signature of its
+	// event (see sig), so that an event unlike it is told at a glance.
+	last    atomic.Uint64
+	lastSig atomic.Uint64
+	_       [40]byte
 	slots atomic.Pointer[[slotsPerShard]slot]
 	head  atomic.Uint64 // the consumer's next position
 	_     [48]byte
@@ -121,7 +123,8 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 	if slots == nil {
 		slots = sh.alloc()
 	}
-	if last := sh.last.Load(); last > 0 {
+	sg := sig(key, kind)
+	if last := sh.last.Load(); last > 0 && sh.lastSig.Load() == sg {
 		s := &slots[(last-1)%slotsPerShard]
 		if s.seq.CompareAndSwap(last, last|held) {
 			like := s.rule == rule && s.kind == kind && s.events < 1<<31 && s.long == "" &&
@@ -155,6 +158,7 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 			}
 			s.seq.Store(pos + 1)
 			sh.last.Store(pos + 1)
+			sh.lastSig.Store(sg)
 			if (pos+1)%wakeEvery == 0 {
 				r.wakeUp(sh, pos+1)
 			}
@@ -174,6 +178,18 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 			pos = sh.tail.Load() // another producer took pos
 		}
 	}
+}
+
+// sig is a signature of an event: its kind, its key's length and last
+// six bytes (where keys of addresses and users differ most). Events whose
+// signatures differ are unlike; events with the same one are compared in
+// full.
+func sig(key string, kind Kind) uint64 {
+	v := uint64(len(key))<<1 | uint64(kind)
+	for i := 1; i <= 6 && i <= len(key); i++ {
+		v = v<<8 | uint64(key[len(key)-i])
+	}
+	return v
 }
 
 // wakeUp wakes the drainer and, if the shard is more than half full (the

@@ -44,13 +44,21 @@ import (
 // value is not usable; make one with NewSummary.
 type Summary struct {
 	k int
-	// heap is a binary min-heap of the counters by count; idx maps each
-	// key to its counter. The counters live in nodes, made once.
-	heap  []*counter
+	// heap is a 4-ary min-heap of the counters by count, the counts in
+	// the heap itself so that sifting reads no counter; idx maps each key
+	// to its counter. The counters live in nodes, made once.
+	heap  []item
 	idx   map[string]*counter
 	nodes []counter
 	// n is the units added since the last Reset.
 	n uint64
+}
+
+// item is a counter's place in the heap: its count (at least the key's
+// true units) and the counter.
+type item struct {
+	count uint64
+	c     *counter
 }
 
 type counter struct {
@@ -59,7 +67,6 @@ type counter struct {
 	// once buf is long enough. Views copy it.
 	key   string
 	buf   []byte
-	count uint64 // at least the key's true units
 	err   uint64 // count − err is at most the key's true units
 	first int64  // when the key took this counter (Unix ms)
 	pos   int    // in heap
@@ -100,14 +107,14 @@ func (s *Summary) Add(key []byte, units uint64, now int64) {
 	}
 	s.n += units
 	if c, ok := s.idx[string(key)]; ok {
-		c.count += units
+		s.heap[c.pos].count += units
 		s.down(c.pos)
 		return
 	}
 	if s.idx == nil {
 		s.idx = make(map[string]*counter, s.k)
 		s.nodes = make([]counter, 0, s.k)
-		s.heap = make([]*counter, 0, s.k)
+		s.heap = make([]item, 0, s.k)
 	}
 	if len(s.heap) < s.k {
 		var c *counter
@@ -115,25 +122,27 @@ func (s *Summary) Add(key []byte, units uint64, now int64) {
 			// A node of before a Reset: its buffer is reused.
 			s.nodes = s.nodes[:len(s.nodes)+1]
 			c = &s.nodes[len(s.nodes)-1]
-			c.count, c.err, c.first = units, 0, now
+			c.err, c.first = 0, now
 		} else {
-			s.nodes = append(s.nodes, counter{count: units, first: now})
+			s.nodes = append(s.nodes, counter{first: now})
 			c = &s.nodes[len(s.nodes)-1]
 		}
 		c.setKey(key)
 		c.pos = len(s.heap)
-		s.heap = append(s.heap, c)
+		s.heap = append(s.heap, item{count: units, c: c})
 		s.idx[c.key] = c
 		s.up(c.pos)
 		return
 	}
 	// Full: the key takes the smallest counter, which keeps its count as
 	// the new key's possible overestimate.
-	m := s.heap[0]
-	delete(s.idx, m.key)
-	m.setKey(key)
-	m.err, m.count, m.first = m.count, m.count+units, now
-	s.idx[m.key] = m
+	m := &s.heap[0]
+	c := m.c
+	delete(s.idx, c.key)
+	c.setKey(key)
+	c.err, c.first = m.count, now
+	m.count += units
+	s.idx[c.key] = c
 	s.down(0)
 }
 
@@ -159,17 +168,15 @@ func (s *Summary) min() uint64 {
 	return s.heap[0].count
 }
 
-func (s *Summary) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
-
 func (s *Summary) swap(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.heap[i].pos, s.heap[j].pos = i, j
+	s.heap[i].c.pos, s.heap[j].c.pos = i, j
 }
 
 func (s *Summary) up(i int) {
 	for i > 0 {
-		p := (i - 1) / 2
-		if !s.less(i, p) {
+		p := (i - 1) / 4
+		if s.heap[i].count >= s.heap[p].count {
 			return
 		}
 		s.swap(i, p)
@@ -178,17 +185,19 @@ func (s *Summary) up(i int) {
 }
 
 func (s *Summary) down(i int) {
-	n := len(s.heap)
+	h := s.heap
 	for {
-		l := 2*i + 1
-		if l >= n {
+		first := 4*i + 1
+		if first >= len(h) {
 			return
 		}
-		c := l
-		if r := l + 1; r < n && s.less(r, l) {
-			c = r
+		c := first
+		for j := first + 1; j < min(first+4, len(h)); j++ {
+			if h[j].count < h[c].count {
+				c = j
+			}
 		}
-		if !s.less(c, i) {
+		if h[c].count >= h[i].count {
 			return
 		}
 		s.swap(i, c)
@@ -224,13 +233,14 @@ type View struct {
 func (s *Summary) View() View {
 	m := s.min()
 	v := View{K: s.k, N: s.n, Bound: m, Entries: make([]Entry, 0, len(s.heap))}
-	for _, c := range s.heap {
+	for _, it := range s.heap {
 		// As a Misra–Gries counter, the smallest count is subtracted from
 		// every count: the counter that holds it becomes 0 and goes.
-		if c.count <= m {
+		if it.count <= m {
 			continue
 		}
-		v.Entries = append(v.Entries, Entry{Key: strings.Clone(c.key), G: c.count - m, Hi: c.count, Lo: c.count - c.err, First: c.first})
+		c := it.c
+		v.Entries = append(v.Entries, Entry{Key: strings.Clone(c.key), G: it.count - m, Hi: it.count, Lo: it.count - c.err, First: c.first})
 	}
 	sortEntries(v.Entries)
 	return v
