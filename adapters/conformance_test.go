@@ -76,6 +76,9 @@ type rl struct {
 	remaining, reset int // X-RateLimit-Remaining (and r), X-RateLimit-Reset
 	next             int // t of RateLimit
 	retry            int // Retry-After; 0 means absent
+	// others are the RateLimit items of the other policies, for a rule
+	// with usage limits.
+	others string
 }
 
 // pol is the binding policy: its name, quota and window in seconds, and the
@@ -148,6 +151,27 @@ func limitRule(l middleware.Limit) func(t *testing.T) []middleware.Rule {
 	}
 }
 
+// usageRule returns the rules of a scenario with one rule, "chat", of 5
+// requests and 100 tokens per fixed minute per peer address, with an
+// estimate of 10 tokens, at most 80 per request, reported in usageHeader.
+func usageRule(*testing.T) []middleware.Rule {
+	return []middleware.Rule{{
+		Name: "chat", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(5).FixedWindow()},
+		Usage: &middleware.Usage{
+			Unit: "tokens", Limits: []middleware.Limit{middleware.PerMinute(100).FixedWindow()},
+			Estimate: 10, Max: 80, Header: usageHeader,
+		},
+	}}
+}
+
+// with adds the RateLimit items of the other policies to w.
+func (w want) with(others string) want {
+	l := *w.rl
+	l.others = others
+	w.rl = &l
+	return w
+}
+
 // countRule returns the rules of a scenario with one rule, named
 // "default", of n requests per minute per peer address, counting only the
 // responses count matches.
@@ -193,6 +217,8 @@ func styleSteps() []step {
 
 func scenarios() []scenario {
 	p1, p2, p3, p5 := single("default", 1), single("default", 2), single("default", 3), single("default", 5)
+	chatPolicies := `"chat";q=5;w=60, "chat-tokens";q=100;w=60`
+	chat, tokens := pol{"chat", 5, 60, chatPolicies}, pol{"chat-tokens", 100, 60, chatPolicies}
 	costFunc := func(r keyfunc.Request) int {
 		if r.Method() == http.MethodPost {
 			return 3
@@ -577,6 +603,27 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			// Usage limits: each request is charged its estimate of 10
+			// tokens and settles what it used when it ends, through its
+			// context or the usage header (never sent to the client), a
+			// debt that denies until the window renews; a header that is
+			// not a number leaves the estimate, a settle of 0 gives it
+			// back. Both policies are in RateLimit.
+			name:  "usage/tokens",
+			rules: usageRule,
+			steps: []step{
+				post("/usage/ctx/50").wants(allow(chat, 4, 30, 30).with(`"chat-tokens";r=90;t=30`)),
+				post("/usage/header/60").wants(allow(chat, 3, 30, 30).with(`"chat-tokens";r=40;t=30`)),
+				// 110 tokens of 100: 10 past the limit until the window
+				// renews, 30 s on.
+				post("/usage/ctx/5").wants(deny(tokens, 0, 30, 30, 30).with(`"chat";r=3;t=30`)),
+				post("/usage/header/many").after(30 * time.Second).wants(allow(chat, 4, 60, 60).with(`"chat-tokens";r=90;t=60`)),
+				post("/usage/ctx/0").wants(allow(chat, 3, 60, 60).with(`"chat-tokens";r=80;t=60`)),
+				// The settle of 0 gave its 10 back: 10 + 10 used.
+				get("/hello").wants(allow(chat, 2, 60, 60).with(`"chat-tokens";r=80;t=60`)),
+			},
+		},
+		{
 			// A local fallback decides while the store fails.
 			name:  "store-error/fail-local",
 			rules: rule(1, fixed(keyfunc.RemoteIP())),
@@ -592,7 +639,7 @@ func scenarios() []scenario {
 var compared = []string{
 	"Content-Type", "X-Content-Type-Options", "Retry-After",
 	"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset",
-	"Ratelimit", "Ratelimit-Policy",
+	"Ratelimit", "Ratelimit-Policy", usageHeader,
 }
 
 // response is what a front end answered, reduced to the compared fields.
@@ -634,6 +681,9 @@ func expect(w want, style headers.Style) response {
 	}
 	if style == headers.Both || style == headers.Draft {
 		r.Header["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", l.p.name, l.remaining, l.next)}
+		if l.others != "" {
+			r.Header["Ratelimit"][0] += ", " + l.others
+		}
 		r.Header["Ratelimit-Policy"] = []string{l.p.header}
 	}
 	if l.retry > 0 {

@@ -25,7 +25,33 @@ import (
 // answers GET and POST with okBody, /status/{code} with that status, and
 // /panic panics: each front end then answers 500 with panicBody, from a
 // recovery middleware in front of everything.
-var routes = []string{"/hello", "/users/{id}", "/search", "/health", "/status/{code}", "/panic"}
+var routes = []string{"/hello", "/users/{id}", "/search", "/health", "/status/{code}", "/panic", "/usage/{how}/{n}"}
+
+// usageOf returns what a /usage/{how}/{n} route does: settle n through the
+// request's context (how "ctx") or report it in the usageHeader response
+// field (how "header", whose n need not be a number), or nothing for other
+// paths.
+func usageOf(path string) (how, n string) {
+	rest, ok := strings.CutPrefix(path, "/usage/")
+	if !ok {
+		return "", ""
+	}
+	how, n, _ = strings.Cut(rest, "/")
+	return how, n
+}
+
+// settle settles n units through ctx (how "ctx"), or reports n in the
+// usage header through set (how "header"); a handler of each front end
+// calls it.
+func settle(ctx context.Context, how, n string, set func(name, value string)) {
+	switch how {
+	case "ctx":
+		units, _ := strconv.Atoi(n)
+		_ = middleware.Settle(ctx, units)
+	case "header":
+		set(usageHeader, n)
+	}
+}
 
 // statusOf returns the status a route answers: the code of /status/{code},
 // else 200.
@@ -48,6 +74,7 @@ const (
 	okBody        = "ok\n"
 	okContentType = "text/plain; charset=utf-8"
 	userHeader    = "X-Test-User"
+	usageHeader   = "X-Usage"
 )
 
 // userKey is where the test authentication middleware of every front end
@@ -92,6 +119,8 @@ func serveHTTP(t *testing.T, newLimiter func(...middleware.Option) *middleware.L
 		if r.URL.Path == "/panic" {
 			panic("handler failed")
 		}
+		how, n := usageOf(r.URL.Path)
+		settle(r.Context(), how, n, w.Header().Set)
 		w.Header().Set("Content-Type", okContentType)
 		w.WriteHeader(statusOf(r.URL.Path))
 		_, _ = w.Write([]byte(okBody))
@@ -138,6 +167,8 @@ func serveGin(t *testing.T, newLimiter func(...middleware.Option) *middleware.Li
 		if c.Request.URL.Path == "/panic" {
 			panic("handler failed")
 		}
+		how, n := usageOf(c.Request.URL.Path)
+		settle(c.Request.Context(), how, n, c.Header)
 		c.Data(statusOf(c.Request.URL.Path), okContentType, []byte(okBody))
 	}
 	r := gin.New()
@@ -172,6 +203,8 @@ func serveEcho(t *testing.T, newLimiter func(...middleware.Option) *middleware.L
 		if c.Request().URL.Path == "/panic" {
 			panic("handler failed")
 		}
+		how, n := usageOf(c.Request().URL.Path)
+		settle(c.Request().Context(), how, n, c.Response().Header().Set)
 		return c.Blob(statusOf(c.Request().URL.Path), okContentType, []byte(okBody))
 	}
 	e := echo.New()
@@ -210,6 +243,8 @@ func serveFiber(t *testing.T, newLimiter func(...middleware.Option) *middleware.
 		if c.Path() == "/panic" {
 			panic("handler failed")
 		}
+		how, n := usageOf(c.Path())
+		settle(c.UserContext(), how, n, c.Set)
 		c.Set(fiber.HeaderContentType, okContentType)
 		return c.Status(statusOf(c.Path())).SendString(okBody)
 	}

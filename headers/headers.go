@@ -136,6 +136,11 @@ type Values struct {
 	// Policy is the RateLimit-Policy value (see FormatPolicies), listing
 	// every policy that applied. Empty omits the field.
 	Policy string
+	// Others, when not empty, lists the RateLimit items of the other
+	// policies that applied ("chat-tokens";r=9500;t=3), sent after the
+	// binding one's in the RateLimit field: a request limited in two
+	// units at once (requests and tokens) reports both.
+	Others string
 }
 
 // Seconds converts d to whole seconds, rounded up; negative durations give 0.

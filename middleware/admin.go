@@ -53,12 +53,17 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 			limits, nominal = cl.limits, cl.nominal // the client's override
 		}
 	}
-	if len(limits) == 0 {
-		return nil, nil
-	}
-	charges := make([]Charge, len(limits))
+	charges := make([]Charge, len(limits), len(limits)+len(c.usageLimits()))
 	for i, lim := range limits {
 		charges[i] = Charge{Key: key, Name: c.Name, Limit: lim}
+	}
+	if u := c.usage; u != nil {
+		for _, lim := range u.Limits {
+			charges = append(charges, Charge{Key: key, Name: u.name, Limit: lim})
+		}
+	}
+	if len(charges) == 0 {
+		return nil, nil
 	}
 	out := make([]Decision, len(charges))
 	var now time.Time
@@ -70,6 +75,11 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 	}
 	states := make([]LimitState, len(charges))
 	for i, d := range out {
+		if i >= len(limits) { // a usage limit
+			u, k := c.usage, i-len(limits)
+			states[i] = LimitState{Rule: c.Name, Policy: u.names[k], Limit: u.Limits[k], Remaining: d.Remaining, ResetAfter: d.ResetAfter, NextAfter: d.NextAfter}
+			continue
+		}
 		states[i] = LimitState{
 			Rule: c.Name, Policy: policyName(c.Name, nominal[i], len(limits)), Limit: nominal[i],
 			Remaining: nominalRemaining(d.Remaining, &limits[i], &nominal[i]), ResetAfter: d.ResetAfter, NextAfter: d.NextAfter,
@@ -103,6 +113,11 @@ func (l *Limiter) Reset(ctx context.Context, rule, key string) error {
 	for _, c := range rules {
 		for _, lim := range c.limits {
 			charges = append(charges, Charge{Key: key, Name: c.Name, Limit: lim})
+		}
+		if u := c.usage; u != nil {
+			for _, lim := range u.Limits {
+				charges = append(charges, Charge{Key: key, Name: u.name, Limit: lim})
+			}
 		}
 	}
 	if dc := l.cfg.denyCache; dc != nil {

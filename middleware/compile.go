@@ -33,6 +33,8 @@ type compiledRule struct {
 	extra   bool        // the rule has Headers, Query or Match
 	// prepared holds the fixed header text of each limit of a static rule.
 	prepared []*headerwrite.Prepared
+	// usage is the rule's Usage, checked; nil if none.
+	usage *compiledUsage
 	// ctrl is the controller of AdaptiveConcurrency, bound by SetRules.
 	ctrl *controller
 	// elastic reports that a limit has a ceiling; overloadRule that the
@@ -56,7 +58,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 	errorf := func(format string, args ...any) error {
 		return fmt.Errorf("rule %q: "+format, append([]any{r.Name}, args...)...)
 	}
-	counts := len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0
+	counts := len(r.Limits) > 0 || r.LimitsFunc != nil || r.Concurrency != 0 || r.Usage != nil
 	overload := r.AdaptiveConcurrency != nil || r.Priority != PriorityUnset
 	if r.Key == nil && (counts || r.Deny || !overload) {
 		return nil, errorf("key function is nil")
@@ -103,6 +105,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, errorf("%v", err)
 	}
 	if err := c.compileScope(); err != nil {
+		return nil, errorf("%v", err)
+	}
+	if err := c.compileUsage(); err != nil {
 		return nil, errorf("%v", err)
 	}
 	c.Limits = append([]Limit(nil), r.Limits...)
@@ -166,6 +171,12 @@ func compileRule(r Rule) (*compiledRule, error) {
 			c.prepared = append(c.prepared, headerwrite.Prepare(c.names[i], l.Capacity()))
 		}
 		c.policy = headers.FormatPolicies(ps...)
+	}
+	if u := c.usage; u != nil && c.policy != "" {
+		// One RateLimit-Policy value for both kinds of charges, so that
+		// a request does not join them.
+		c.policy += ", " + u.policy
+		u.policy = c.policy
 	}
 	return c, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/keyfunc"
@@ -191,10 +192,24 @@ func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Reques
 // open, or could not be decided: err).
 func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
 	s.decisions = grow(s.decisions, len(s.charges))
-	if s.counting != nil && s.counting.any(s.charges) {
+	var fleetUsage *fleetstore.Store
+	switch {
+	case s.counting != nil && s.counting.any(s.charges):
 		s.atp = &s.at
+	case s.usage:
+		// Usage limits in lease or write-back mode settle through the
+		// coordination layer (settleThroughFleet); the others exactly.
+		if fleetUsage = l.syncs.store.Load(); fleetUsage == nil {
+			s.atp = &s.at
+		}
 	}
 	allowed, err := l.takeElastic(ctx, now, s)
+	if err == nil && !allowed && s.usage {
+		allowed = l.retryUsage(ctx, now, s)
+	}
+	if fleetUsage != nil && (allowed || err != nil) {
+		defer l.settleThroughFleet(fleetUsage, now, s)
+	}
 	if err == nil {
 		if !allowed && s.banning && !l.cfg.shadow {
 			res.Banned = l.startBans(ctx, now, r, s)
@@ -258,8 +273,8 @@ func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	}
 	if res.Allowed {
 		res.hold = d.hold
-		if s.counting != nil && !s.at.IsZero() {
-			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges)
+		if (s.counting != nil || s.usage) && !s.at.IsZero() {
+			res.settle = l.settlementFor(s.counting, s.store, s.at, s.charges, s.metas)
 		}
 	} else {
 		d.hold.releaseNow()
@@ -323,7 +338,7 @@ func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, o
 	if o != nil {
 		o.StoreCalled(time.Since(began), err)
 	}
-	if err == nil && !ok && dc != nil && at == nil {
+	if err == nil && !ok && dc != nil && at == nil && !anyUsage(charges) {
 		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {
@@ -386,7 +401,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	if rule.Concurrency > 0 {
 		s.slots = append(s.slots, slotRequest{rule: rule, key: key, shadow: rule.Shadow})
-		if len(rule.limits) == 0 && rule.LimitsFunc == nil {
+		if len(rule.limits) == 0 && rule.LimitsFunc == nil && rule.usage == nil {
 			return nil
 		}
 	}
@@ -425,6 +440,9 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 			m.prepared = prepared[i]
 		}
 		*metas = append(*metas, m)
+	}
+	if rule.usage != nil {
+		s.addUsage(rule.usage, key, r)
 	}
 	return nil
 }
@@ -483,6 +501,11 @@ type scratch struct {
 	// the steps of decide.
 	counting countingRules
 	banning  bool
+	// usage is set when a charge is of a usage limit (Rule.Usage);
+	// usageAlt and usageDec are retryUsage's.
+	usage    bool
+	usageAlt []Charge
+	usageDec []Decision
 	overloadScratch
 	// topShard is the shard of the top-client tracker's ring this scratch
 	// puts its events in (from 1; 0 until it first does).
@@ -496,6 +519,10 @@ type chargeMeta struct {
 	nominal  *Limit // the rule's own, never written to
 	policy   string
 	prepared *headerwrite.Prepared // nil for a LimitsFunc's limits
+	// usage is the rule's Usage for a usage limit's charge, and estimate
+	// the request's estimate on it.
+	usage    *compiledUsage
+	estimate int
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -515,6 +542,8 @@ func (s *scratch) release() {
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
 	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
+	s.usage = false
+	clear(s.usageAlt)
 	s.overloadScratch.reset()
 	s.charges, s.shadow = s.charges[:0], s.shadow[:0]
 	s.metas, s.shadowMetas = s.metas[:0], s.shadowMetas[:0]

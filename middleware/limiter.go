@@ -105,6 +105,9 @@ func (l *Limiter) SetRules(rules []Rule) error {
 			return err
 		}
 	}
+	if err := l.checkSettler(set); err != nil {
+		return err
+	}
 	if l.cfg.slots == nil {
 		for _, r := range set.rules {
 			if r.Concurrency > 0 {
@@ -209,6 +212,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 		Next:       res.NextAfter,
 		RetryAfter: res.RetryAfter,
 		Policy:     res.policies,
+		Others:     res.others,
 	}
 	if res.Allowed {
 		v.RetryAfter = 0

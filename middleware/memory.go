@@ -134,3 +134,8 @@ func (m *MemoryStore) TakeAt(ctx context.Context, now time.Time, charges []Charg
 func (m *MemoryStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
 	return m.s.Refund(ctx, at, internalCharges(charges))
 }
+
+// Settle charges costs whether they fit or not; see Settler.
+func (m *MemoryStore) Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error {
+	return m.s.Settle(ctx, now, internalCharges(charges), internalDecisions(out))
+}

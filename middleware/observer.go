@@ -63,6 +63,11 @@ import (
 //     region, failed to, found a peer unreachable for longer than the hold
 //     time or reachable again (on the syncer's goroutine); see
 //     RegionEvent.
+//   - Settled: a request with usage limits (Rule.Usage) ended, and the
+//     difference between what it used and what it was charged when
+//     admitted was charged or given back on one of its usage limits,
+//     with the debt it left; see SettleEvent. A request that used just
+//     its estimate settles nothing and has no event.
 //   - Outbound: the outbound transport (adapters/outbound) waited for a
 //     request's turn, gave up on one, or heard from the upstream that it
 //     refused one, asked to wait (a pause), or has fewer units left than
@@ -93,6 +98,7 @@ type Observer interface {
 	ClientState(overrides, bans int)
 	Synced(e SyncEvent)
 	Region(e RegionEvent)
+	Settled(e SettleEvent)
 	Outbound(e OutboundEvent)
 }
 
@@ -157,6 +163,9 @@ func (NopObserver) Synced(SyncEvent) {}
 // Region does nothing.
 func (NopObserver) Region(RegionEvent) {}
 
+// Settled does nothing.
+func (NopObserver) Settled(SettleEvent) {}
+
 // Outbound does nothing.
 func (NopObserver) Outbound(OutboundEvent) {}
 
@@ -186,6 +195,7 @@ type Hooks struct {
 	OnClientState     func(overrides, bans int)
 	OnSynced          func(e SyncEvent)
 	OnRegion          func(e RegionEvent)
+	OnSettled         func(e SettleEvent)
 	OnOutbound        func(e OutboundEvent)
 }
 
@@ -286,6 +296,13 @@ func (h *Hooks) Synced(e SyncEvent) {
 func (h *Hooks) Region(e RegionEvent) {
 	if h != nil && h.OnRegion != nil {
 		h.OnRegion(e)
+	}
+}
+
+// Settled calls OnSettled, if set.
+func (h *Hooks) Settled(e SettleEvent) {
+	if h != nil && h.OnSettled != nil {
+		h.OnSettled(e)
 	}
 }
 
@@ -399,6 +416,12 @@ func (m multiObserver) ClientState(overrides, bans int) {
 func (m multiObserver) Synced(e SyncEvent) {
 	for _, o := range m {
 		o.Synced(e)
+	}
+}
+
+func (m multiObserver) Settled(e SettleEvent) {
+	for _, o := range m {
+		o.Settled(e)
 	}
 }
 

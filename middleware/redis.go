@@ -289,3 +289,9 @@ func (r *RedisStore) TakeAt(ctx context.Context, now time.Time, charges []Charge
 func (r *RedisStore) Refund(ctx context.Context, at time.Time, charges []Charge) error {
 	return r.s.Refund(ctx, at, internalCharges(charges))
 }
+
+// Settle charges costs whether they fit or not, in one script call
+// through the same batches as Take; see Settler.
+func (r *RedisStore) Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error {
+	return r.s.Settle(ctx, now, internalCharges(charges), internalDecisions(out))
+}

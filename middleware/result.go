@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/headerwrite"
@@ -147,9 +148,10 @@ type Result struct {
 	Paused bool
 
 	policies string
+	others   string      // the RateLimit items of the other policies of a request with usage limits
 	status   int         // the status of a concurrency denial, 0 for 429
 	hold     *hold       // concurrency slots to give back (Done)
-	settle   *settlement // charges to give back if the response does not count (Finish)
+	settle   *settlement // what to settle when the request ends (Finish): charges to give back if its response does not count, its usage
 	key      string      // the binding limit's key, for hashed logs
 	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
@@ -177,6 +179,9 @@ func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decis
 		}
 		best = i
 		res.Policy, res.Limit, res.Remaining, res.Rule, res.key = metas[i].name, *metas[i].nominal, rem, charges[i].Name, charges[i].Key
+		if u := metas[i].usage; u != nil {
+			res.Rule = u.rule
+		}
 		res.prepared = metas[i].prepared
 		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
@@ -187,12 +192,38 @@ func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decis
 		}
 	}
 	res.policies = metas[0].policy
+	usage := metas[0].usage != nil
 	for i := 1; i < len(metas); i++ {
+		usage = usage || metas[i].usage != nil
 		if metas[i].policy != metas[i-1].policy {
 			res.policies = joinPolicies(metas)
 			break
 		}
 	}
+	if usage && len(ds) > 1 {
+		res.others = others(best, charges, ds, metas)
+	}
+}
+
+// others returns the RateLimit items of every limit but the binding one,
+// best: a request limited in several units (Rule.Usage) reports each of
+// its policies in the RateLimit field, the binding one first.
+func others(best int, charges []Charge, ds []Decision, metas []chargeMeta) string {
+	var b []byte
+	for i := range ds {
+		if i == best {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = headerwrite.AppendQuoted(b, metas[i].name)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, int64(nominalRemaining(ds[i].Remaining, &charges[i].Limit, metas[i].nominal)), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, headerwrite.Seconds(ds[i].NextAfter), 10)
+	}
+	return string(b)
 }
 
 // longerWait orders retry delays, -1 (never) being the longest.

@@ -160,6 +160,12 @@ type Rule struct {
 	// Count, when set, charges the rule's limits only for requests whose
 	// response status it matches, such as failed logins; see Count.
 	Count Count
+	// Usage, when set, limits what the rule's requests use as well, in a
+	// unit known in full only once a request has run, such as an LLM's
+	// tokens: each request is charged an estimate when admitted and
+	// settles what it used when it ends. See Usage. A rule may have only
+	// Usage.
+	Usage *Usage
 	// Scope is whose budget the rule's limits are when app servers run in
 	// several regions with a RegionStore: ScopeRegion (the default), the
 	// region's; ScopeGlobal, one budget across regions synced in the

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/usage"
 )
 
 // Refunder is implemented by stores that can give back charges they
@@ -24,9 +26,25 @@ type Refunder interface {
 	Refund(ctx context.Context, at time.Time, charges []Charge) error
 }
 
+// Settler is implemented by stores that can settle costs after the fact:
+// the memory and Redis stores, and RegionStore. Rules with usage limits
+// (Rule.Usage) need one: their requests are charged an estimate when
+// admitted, and the difference with what they used once they have run.
+type Settler interface {
+	Refunder
+	// Settle charges the costs of charges at now whether they fit or not,
+	// a charge that cannot be refused: a counter it takes past its limit
+	// is in debt, which the client waits off. It writes one Decision per
+	// charge into out, describing the counter after the charge as a read
+	// would find it (Debt, Remaining, and NextAfter: when one unit fits
+	// again). The zero now means the store's clock.
+	Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error
+}
+
 // settlement is what an admitted request owes the rules that count by
-// outcome: their charges, given back by Finish if the status does not
-// count.
+// outcome (their charges, given back by Finish if the status does not
+// count) and its usage limits (the difference between what it used and
+// its estimate, settled by Finish).
 type settlement struct {
 	l       *Limiter
 	store   Refunder
@@ -34,6 +52,19 @@ type settlement struct {
 	charges []Charge
 	counts  []*Count
 	once    sync.Once
+	// ledger is the account of the usage limits, nil if none; lines are
+	// their charges, one per line of the ledger; header is the response
+	// header that may report the usage.
+	ledger *usage.Ledger
+	lines  []usageLine
+	header string
+}
+
+// usageLine is one usage limit an admitted request was charged on.
+type usageLine struct {
+	charge Charge // Cost is unused
+	policy string
+	rule   string
 }
 
 // Finish ends a request: it gives back the request's concurrency slots
@@ -54,6 +85,9 @@ func (res *Result) Finish(status int) {
 }
 
 func (s *settlement) finish(status int) {
+	if s.ledger != nil {
+		s.apply(s.ledger.Close())
+	}
 	var back []Charge
 	for i := range s.charges {
 		if !s.counts[i].Counts(status) {
@@ -67,6 +101,76 @@ func (s *settlement) finish(status int) {
 	if err := s.store.Refund(context.Background(), s.at, back); err != nil {
 		// The charges stay counted: it errs on the side of refusing.
 		s.l.cfg.report(nil, fmt.Errorf("%w: give back the charge of an uncounted response (status %d) of rule %q: %w", ErrStore, status, back[0].Name, err))
+	}
+}
+
+// settleUnits records the usage of the request, and applies it at once if
+// the request has ended.
+func (s *settlement) settleUnits(units int64) error {
+	due, err := s.ledger.Settle(units)
+	if err != nil {
+		return err
+	}
+	if due != nil {
+		s.apply(due)
+	}
+	return nil
+}
+
+// apply charges what is due on each usage line, whatever fits (Settle),
+// or gives it back (Refund, off the charge made when the request was
+// admitted), and tells the Observers.
+func (s *settlement) apply(due []int64) {
+	var more, back []Charge
+	var moreIdx []int
+	for i, d := range due {
+		c := s.lines[i].charge
+		switch {
+		case d > 0:
+			c.Cost = int(d)
+			more, moreIdx = append(more, c), append(moreIdx, i)
+		case d < 0:
+			c.Cost = int(-d)
+			back = append(back, c)
+		}
+	}
+	o := s.l.cfg.obs
+	ctx := context.Background() // the stores bound their own calls
+	if len(more) > 0 {
+		var now time.Time
+		if s.l.cfg.clock != nil {
+			now = s.l.cfg.clock()
+		}
+		out := make([]Decision, len(more))
+		err := s.store.(Settler).Settle(ctx, now, more, out)
+		if err != nil {
+			err = fmt.Errorf("%w: settle the usage of rule %q: %w", ErrStore, s.lines[moreIdx[0]].rule, err)
+			s.l.cfg.report(nil, err)
+		}
+		if o != nil {
+			for k, i := range moreIdx {
+				ln := &s.lines[i]
+				e := SettleEvent{Rule: ln.rule, Policy: ln.policy, Units: int(s.ledger.Used(i)), Charged: more[k].Cost, Err: err}
+				if err == nil {
+					e.Debt = out[k].Debt
+				}
+				o.Settled(e)
+			}
+		}
+	}
+	if len(back) > 0 {
+		err := s.store.Refund(ctx, s.at, back)
+		if err != nil {
+			err = fmt.Errorf("%w: give back unused usage of rule %q: %w", ErrStore, s.lines[0].rule, err)
+			s.l.cfg.report(nil, err)
+		}
+		if o != nil {
+			for i, d := range due {
+				if d < 0 {
+					o.Settled(SettleEvent{Rule: s.lines[i].rule, Policy: s.lines[i].policy, Units: int(s.ledger.Used(i)), Charged: int(d), Err: err})
+				}
+			}
+		}
 	}
 }
 
@@ -137,16 +241,18 @@ func refundable(l Limit) error {
 }
 
 // settlementFor returns what an admitted request owes the counting rules
-// among its charges, or nil if it owes nothing. store is the store that
-// admitted the charges at at.
-func (l *Limiter) settlementFor(cr countingRules, store Store, at time.Time, charges []Charge) *settlement {
+// and the usage limits among its charges, or nil if it owes nothing.
+// store is the store that admitted the charges at at.
+func (l *Limiter) settlementFor(cr countingRules, store Store, at time.Time, charges []Charge, metas []chargeMeta) *settlement {
 	if store == nil {
 		store = l.cfg.store
 	}
 	var s *settlement
+	var lines []usage.Line
 	for i := range charges {
 		c, ok := cr[charges[i].Name]
-		if !ok || charges[i].Cost == 0 {
+		u := metas[i].usage
+		if !ok && u == nil || charges[i].Cost == 0 {
 			continue
 		}
 		if s == nil {
@@ -156,19 +262,48 @@ func (l *Limiter) settlementFor(cr countingRules, store Store, at time.Time, cha
 			}
 			s = &settlement{l: l, store: rf, at: at}
 		}
-		s.charges = append(s.charges, charges[i])
-		s.counts = append(s.counts, c)
+		if u == nil {
+			s.charges = append(s.charges, charges[i])
+			s.counts = append(s.counts, c)
+			continue
+		}
+		if _, ok := store.(Settler); !ok {
+			continue
+		}
+		lines = append(lines, usage.Line{Estimate: int64(metas[i].estimate), Paid: int64(charges[i].Cost), Max: int64(u.max), Rule: u.rule})
+		s.lines = append(s.lines, usageLine{charge: charges[i], policy: metas[i].name, rule: u.rule})
+		if s.header == "" {
+			s.header = u.Header
+		}
+	}
+	if lines != nil {
+		s.ledger = usage.NewLedger(lines)
 	}
 	return s
 }
 
 // serveCounted serves an admitted request whose response decides what it
-// is charged: next writes through a statusRecorder, and res is finished
-// with the status the client got, or as a panic.
+// is charged: next writes through a statusRecorder, which settles the
+// usage its rule's header reports before the header is sent, with a
+// context through which Settle reaches the request's usage; and res is
+// finished with the status the client got, or as a panic, once a trailer
+// of the usage header is read.
 func (l *Limiter) serveCounted(w http.ResponseWriter, r *http.Request, next http.Handler, res *Result) {
 	rec := newStatusRecorder(w)
 	status := 0 // a panic
-	defer func() { res.Finish(status) }()
+	s := res.settle
+	defer func() {
+		if s.header != "" {
+			_ = s.settleFrom(w.Header())
+		}
+		res.Finish(status)
+	}()
+	if s.ledger != nil {
+		if s.header != "" {
+			rec.settle = s
+		}
+		r = r.WithContext(context.WithValue(r.Context(), settleKey, s))
+	}
 	next.ServeHTTP(rec, r)
 	status = rec.Status()
 }

@@ -27,6 +27,19 @@ import (
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	// settle, when set, is what a request owes whose usage its rule's
+	// header may report: it is settled from the header (which is
+	// removed) before the header is sent, once.
+	settle *settlement
+}
+
+// header settles the request's usage from the header about to be sent,
+// once.
+func (w *statusRecorder) header() {
+	if s := w.settle; s != nil {
+		w.settle = nil
+		_ = s.settleFrom(w.ResponseWriter.Header())
+	}
 }
 
 // newStatusRecorder returns a recorder for w. It is not pooled: a handler
@@ -44,6 +57,7 @@ func (w *statusRecorder) Status() int {
 }
 
 func (w *statusRecorder) WriteHeader(code int) {
+	w.header()
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code
 	}
@@ -51,6 +65,7 @@ func (w *statusRecorder) WriteHeader(code int) {
 }
 
 func (w *statusRecorder) Write(b []byte) (int, error) {
+	w.header()
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
@@ -63,6 +78,7 @@ func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // Flush sends what was written so far: a streaming response has its
 // status from then on.
 func (w *statusRecorder) Flush() {
+	w.header()
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
@@ -72,6 +88,7 @@ func (w *statusRecorder) Flush() {
 // FlushError is Flush that reports the wrapped writer's error, as
 // http.ResponseController calls it.
 func (w *statusRecorder) FlushError() error {
+	w.header()
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
@@ -79,6 +96,7 @@ func (w *statusRecorder) FlushError() error {
 }
 
 func (w *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.header()
 	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil && w.status == 0 {
 		w.status = http.StatusSwitchingProtocols
@@ -87,6 +105,7 @@ func (w *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
+	w.header()
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}

@@ -248,6 +248,11 @@ type Decision struct {
 	// Delay is, for an allowed request of a LeakyBucket, how long it must
 	// wait for its turn before it proceeds; zero otherwise.
 	Delay time.Duration
+	// Debt is how many units the counter is past its limit, rounded up:
+	// what settles (Result.Settle) charged beyond it, or what a lowered
+	// plan left above it. A limit in debt has Remaining 0 and admits no
+	// request until the debt is waited off (see Usage).
+	Debt int
 }
 
 // Store counts requests for a Limiter. NewMemoryStore and NewRedisStore

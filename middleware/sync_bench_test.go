@@ -228,7 +228,7 @@ func BenchmarkFleet(b *testing.B) {
 		if set == "keys-100k" {
 			keys = many
 		}
-		for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "lease/lease=10000", "write_back", "write_back/max_unsynced=10000"} {
+		for _, kind := range []string{"memory", "incr-pexpire", "exact", "lease", "lease/lease=1000", "lease/lease=10000", "write_back", "write_back/max_unsynced=1000", "write_back/max_unsynced=10000"} {
 			b.Run(set+"/"+kind, func(b *testing.B) {
 				srv := redistest.Standalone(b)
 				admin := srv.Client(b, nil)

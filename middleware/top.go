@@ -42,8 +42,9 @@ const DefaultTopPublish = 5 * time.Second
 // TopList).
 //
 // With a store shared by a fleet (Redis), each app server publishes its
-// summaries every Publish (one small write per rule, kept for TTL), and
-// TopClients merges those of every live server.
+// summaries every Publish (one small write per rule that had clients in
+// the last hour and changed since, kept for TTL), and TopClients merges
+// those of every live server.
 type TopConfig struct {
 	// Off turns tracking off: nothing is noted per request, and
 	// TopClients and Rates return ErrTopOff.

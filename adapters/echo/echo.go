@@ -84,11 +84,21 @@ func RateLimiterWithConfig(cfg Config) echo.MiddlewareFunc {
 			if !res.Allowed {
 				return cfg.DenyHandler(c, res)
 			}
-			// Concurrency slots are given back, and a rule that counts by
-			// outcome charged by the status, once next returns; a panic
-			// counts as 500.
+			// Concurrency slots are given back, a rule that counts by
+			// outcome charged by the status, and usage limits settled,
+			// once next returns; a panic counts as 500.
 			status := 0
 			defer func() { res.Finish(status) }()
+			if ctx := c.Request().Context(); middleware.ContextWithResult(ctx, &res) != ctx {
+				// Usage limits: handlers settle through the request's
+				// context, or the usage header, taken before the header
+				// is sent (or, as a trailer, when they return). settled
+				// is a copy, so that res stays on the stack.
+				c.SetRequest(c.Request().WithContext(middleware.ContextWithResult(ctx, &res)))
+				settled, resp := res, c.Response()
+				resp.Before(func() { _ = settled.SettleFrom(resp.Header()) })
+				defer func() { _ = settled.SettleFrom(resp.Header()) }()
+			}
 			err = next(c)
 			status = statusOf(c, err)
 			return err

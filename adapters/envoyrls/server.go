@@ -69,6 +69,15 @@ type Options struct {
 // admitted. Unlike the Envoy ratelimit service, a descriptor whose cost
 // does not fit is not counted (it would never fit).
 //
+// A descriptor with usage: true in the file is a budget of usage reported
+// after the fact, as Envoy's rate limit filter sends it when a stream ends
+// (apply_on_stream_done, hits_addend the tokens used): a call that checks
+// it (hits_addend 0) is OVER_LIMIT only once the budget is spent, and a
+// call with hits is charged them whatever the counter holds
+// (middleware.Limiter.Charge), which may take it past its limit (a debt
+// the client waits off: its checks are OVER_LIMIT until then), and is
+// answered OK: it refuses nothing, the stream being over.
+//
 // response_headers_to_add carries the RateLimit and RateLimit-Policy
 // fields (and X-RateLimit-* with headers: both or legacy in the file) of
 // the descriptor over its limit, or else of the one closest to it;
@@ -165,10 +174,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		descs[i] = config.Descriptor{Entries: entries, Cost: int(min(cost, maxCost))}
 	}
-	lim := d.Limiter()
+	lim, usage := d.Limiter(), d.Document().Usage
 	out := make([]decision, len(descs))
 	if len(descs) == 1 {
-		out[0] = decide(ctx, lim, descs, 0)
+		out[0] = decide(ctx, lim, usage, descs, 0)
 	} else {
 		// Decided at once: the store's round trips overlap (the Redis
 		// store sends concurrent decisions together).
@@ -177,10 +186,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out[i] = decide(ctx, lim, descs, i)
+				out[i] = decide(ctx, lim, usage, descs, i)
 			}()
 		}
-		out[0] = decide(ctx, lim, descs, 0)
+		out[0] = decide(ctx, lim, usage, descs, 0)
 		wg.Wait()
 	}
 	for i := range out {
@@ -222,13 +231,21 @@ type decision struct {
 	over    bool
 }
 
-// decide decides descs[i] on lim.
-func decide(ctx context.Context, lim *middleware.Limiter, descs []config.Descriptor, i int) decision {
+// decide decides descs[i] on lim; usage reports that the file has usage
+// descriptors.
+func decide(ctx context.Context, lim *middleware.Limiter, usage bool, descs []config.Descriptor, i int) decision {
 	r := config.NewDescriptorRequest(ctx, descs, i)
 	if descs[i].Cost == 0 {
 		return check(ctx, lim, r)
 	}
-	res, err := lim.Decide(r)
+	var res middleware.Result
+	var err error
+	if isUsage(lim, r, usage) {
+		// A usage descriptor: charged, whatever its counter holds.
+		res, err = lim.Charge(r)
+	} else {
+		res, err = lim.Decide(r)
+	}
 	if err != nil {
 		return decision{err: err}
 	}
@@ -271,14 +288,7 @@ func decide(ctx context.Context, lim *middleware.Limiter, descs []config.Descrip
 // descriptor hits_addend of 0): OVER_LIMIT when a request of cost 1 would
 // not be admitted.
 func check(ctx context.Context, lim *middleware.Limiter, r *config.DescriptorRequest) decision {
-	var rule *middleware.Rule
-	rules := lim.Rules()
-	for i := range rules {
-		if rules[i].Match != nil && rules[i].Match(r) {
-			rule = &rules[i]
-			break
-		}
-	}
+	rule := matchRule(lim, r, true)
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	dec := decision{status: st}
 	m, matched := r.Matched()
@@ -326,6 +336,32 @@ func check(ctx context.Context, lim *middleware.Limiter, r *config.DescriptorReq
 		dec.values.RetryAfter = ls.NextAfter
 	}
 	return dec
+}
+
+// matchRule returns the rule of lim that applies to r, when look is set
+// (nil if none, or if look is not set), leaving r's Matched to tell what
+// the file says of it.
+func matchRule(lim *middleware.Limiter, r *config.DescriptorRequest, look bool) *middleware.Rule {
+	if !look {
+		return nil
+	}
+	rules := lim.Rules()
+	for i := range rules {
+		if rules[i].Match != nil && rules[i].Match(r) {
+			return &rules[i]
+		}
+	}
+	return nil
+}
+
+// isUsage reports whether r is a descriptor with usage: true, when the
+// file has any (look).
+func isUsage(lim *middleware.Limiter, r *config.DescriptorRequest, look bool) bool {
+	if matchRule(lim, r, look) == nil {
+		return false
+	}
+	m, _ := r.Matched()
+	return m.Usage
 }
 
 // currentLimit is the current_limit of a descriptor's rate_limit.

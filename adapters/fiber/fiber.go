@@ -83,11 +83,32 @@ func New(config ...Config) fiber.Handler {
 		// set before.
 		status := 0
 		defer func() { res.Finish(status) }()
+		usage := false
+		if ctx := c.UserContext(); middleware.ContextWithResult(ctx, &res) != ctx {
+			// Usage limits: handlers settle through the user context, or
+			// the usage header, which Fiber sends only once they return.
+			// A body streamed with SetBodyStreamWriter is written after
+			// that: its writer settles through the context it kept, at
+			// once.
+			c.SetUserContext(middleware.ContextWithResult(ctx, &res))
+			usage = true
+		}
 		err = c.Next()
+		if usage {
+			_ = res.SettleFrom(responseHeader{c})
+		}
 		status = statusOf(c, err)
 		return err
 	}
 }
+
+// responseHeader is the header of c's response, not yet sent, for
+// middleware.Result.SettleFrom.
+type responseHeader struct{ c *fiber.Ctx }
+
+func (h responseHeader) Get(key string) string { return h.c.GetRespHeader(key) }
+
+func (h responseHeader) Del(key string) { h.c.Response().Header.Del(key) }
 
 // statusOf is the status the client gets for a request whose handlers
 // returned err: the status Fiber's default error handler answers err with

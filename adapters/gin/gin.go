@@ -1,6 +1,9 @@
 package sluicegin
 
 import (
+	"bufio"
+	"net"
+
 	"github.com/gin-gonic/gin"
 
 	"github.com/sluicehq/sluice/middleware"
@@ -63,14 +66,56 @@ func New(cfg Config) gin.HandlerFunc {
 			c.Abort()
 			return
 		}
-		// Concurrency slots are given back, and a rule that counts by
-		// outcome charged by the status, once the handlers return; a
-		// panic counts as 500.
+		// Concurrency slots are given back, a rule that counts by outcome
+		// charged by the status, and usage limits settled, once the
+		// handlers return; a panic counts as 500.
 		status := 0
 		defer func() { res.Finish(status) }()
+		if ctx := c.Request.Context(); middleware.ContextWithResult(ctx, &res) != ctx {
+			// Usage limits: handlers settle through the request's
+			// context, or the usage header, taken before the header is
+			// sent (or, as a trailer, when they return).
+			c.Request = c.Request.WithContext(middleware.ContextWithResult(ctx, &res))
+			w := &usageWriter{ResponseWriter: c.Writer, res: res}
+			c.Writer = w
+			defer func() { _ = w.res.SettleFrom(w.ResponseWriter.Header()) }()
+		}
 		c.Next()
 		status = c.Writer.Status()
 	}
+}
+
+// usageWriter takes the usage header of a request with usage limits
+// (middleware.Usage.Header) off the response before its header is sent.
+// res is a copy of the request's Result, so that the Result itself stays
+// on the stack: both share what the request owes.
+type usageWriter struct {
+	gin.ResponseWriter
+	res   middleware.Result
+	taken bool
+}
+
+func (w *usageWriter) take() {
+	if !w.taken {
+		w.taken = true
+		_ = w.res.SettleFrom(w.ResponseWriter.Header())
+	}
+}
+
+func (w *usageWriter) WriteHeaderNow() { w.take(); w.ResponseWriter.WriteHeaderNow() }
+
+func (w *usageWriter) Write(b []byte) (int, error) { w.take(); return w.ResponseWriter.Write(b) }
+
+func (w *usageWriter) WriteString(s string) (int, error) {
+	w.take()
+	return w.ResponseWriter.WriteString(s)
+}
+
+func (w *usageWriter) Flush() { w.take(); w.ResponseWriter.Flush() }
+
+func (w *usageWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.take()
+	return w.ResponseWriter.Hijack()
 }
 
 type contextKey struct{ name string }

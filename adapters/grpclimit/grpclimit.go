@@ -37,6 +37,19 @@
 // handlers do with the errors of Recv.
 // Concurrency slots (Rule.Concurrency) are held until the call returns or
 // the stream ends.
+//
+// A call of a rule with usage limits (Rule.Usage, such as an LLM's tokens)
+// is charged its estimate when admitted, and settles what it used when the
+// handler returns or the stream ends: from the handler with
+// middleware.Settle and the context it was given (the stream's Context),
+// or in a trailer named as the rule's Usage.Header (in lower case), set
+// with grpc.SetTrailer or the stream's SetTrailer, which the client never
+// sees. A stream whose client went away settles what the handler reports
+// all the same. A rule that counts by outcome (Rule.Count) sees the call's
+// status as the HTTP status gRPC gateways give it (OK 200,
+// InvalidArgument 400, Unauthenticated 401, PermissionDenied 403, NotFound
+// 404, ResourceExhausted 429, Unimplemented 501, Unavailable 503,
+// DeadlineExceeded 504, others 500).
 package grpclimit
 
 import (
@@ -93,8 +106,13 @@ func UnaryServerInterceptor(lim *middleware.Limiter, o Options) grpc.UnaryServer
 		if err != nil {
 			return nil, err
 		}
-		defer res.Done()
-		return handler(ctx, req)
+		// Slots are given back, and usage settled, once the handler
+		// returns; a panic counts as 500.
+		code := 0
+		defer func() { res.Finish(code) }()
+		resp, err := handler(settling(ctx, &res), req)
+		code = httpStatus(err)
+		return resp, err
 	}
 }
 
@@ -114,12 +132,105 @@ func StreamServerInterceptor(lim *middleware.Limiter, o Options) grpc.StreamServ
 		if err != nil {
 			return err
 		}
-		defer res.Done()
+		code := 0 // a panic, if the handler does not return
+		defer func() { res.Finish(code) }()
+		if sctx := settling(ctx, &res); sctx != ctx {
+			ss = &usageStream{ServerStream: ss, ctx: sctx, res: res}
+		}
 		if o.Messages != nil {
 			ss = &limitedStream{ServerStream: ss, lim: o.Messages, req: &Request{ctx: ctx, method: MessageMethod, full: info.FullMethod}}
 		}
-		return handler(srv, ss)
+		err = handler(srv, ss)
+		code = httpStatus(err)
+		return err
 	}
+}
+
+// settling returns the context a handler of a call with usage limits gets:
+// one through which middleware.Settle reaches res, and whose transport
+// stream takes the usage trailer (see trailerTap). It is ctx itself for a
+// call with no usage to settle.
+func settling(ctx context.Context, res *middleware.Result) context.Context {
+	sctx := middleware.ContextWithResult(ctx, res)
+	if sctx == ctx {
+		return ctx
+	}
+	if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
+		sctx = grpc.NewContextWithServerTransportStream(sctx, &trailerTap{ServerTransportStream: ts, res: *res})
+	}
+	return sctx
+}
+
+// trailerTap takes the usage trailer (Usage.Header) off the trailer
+// metadata a handler sets with grpc.SetTrailer, and settles the call with
+// it. res is a copy of the call's Result, sharing what it owes.
+type trailerTap struct {
+	grpc.ServerTransportStream
+	res middleware.Result
+}
+
+func (t *trailerTap) SetTrailer(md metadata.MD) error {
+	_ = t.res.SettleFrom(mdHeader(md))
+	return t.ServerTransportStream.SetTrailer(md)
+}
+
+// usageStream is the stream a handler of a stream with usage limits gets:
+// its Context reaches the usage through middleware.Settle, and SetTrailer
+// takes the usage trailer.
+type usageStream struct {
+	grpc.ServerStream
+	ctx context.Context
+	res middleware.Result
+}
+
+func (s *usageStream) Context() context.Context { return s.ctx }
+
+func (s *usageStream) SetTrailer(md metadata.MD) {
+	_ = s.res.SettleFrom(mdHeader(md))
+	s.ServerStream.SetTrailer(md)
+}
+
+// mdHeader reads and removes metadata as middleware.Result.SettleFrom
+// needs, keys in lower case.
+type mdHeader metadata.MD
+
+func (m mdHeader) Get(key string) string {
+	if vs := metadata.MD(m).Get(key); len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+func (m mdHeader) Del(key string) { metadata.MD(m).Delete(key) }
+
+// httpStatus is the HTTP status of a call that ended with err, as gRPC
+// gateways map codes, for rules that count by outcome.
+func httpStatus(err error) int {
+	switch status.Code(err) {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.AlreadyExists, codes.Aborted:
+		return http.StatusConflict
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Canceled:
+		return 499
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
 }
 
 // admit decides r with lim and sends the rate-limit fields as header

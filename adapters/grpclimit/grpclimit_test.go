@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -76,15 +77,59 @@ func (s *service) EmptyCall(context.Context, *testpb.Empty) (*testpb.Empty, erro
 }
 
 func (s *service) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
-	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("hold")) > 0 {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if len(md.Get("hold")) > 0 {
 		s.entered <- struct{}{}
 		<-s.release
 	}
+	usage(ctx, md, func(t metadata.MD) { _ = grpc.SetTrailer(ctx, t) })
 	return &testpb.SimpleResponse{}, nil
 }
 
-// FullDuplexCall answers each message with an empty one.
+// usage reports the call's usage as its metadata asks: "settle: n" through
+// middleware.Settle and ctx, "trailer: n" in the usage trailer.
+func usage(ctx context.Context, md metadata.MD, setTrailer func(metadata.MD)) {
+	if v := md.Get("settle"); len(v) > 0 {
+		n, _ := strconv.Atoi(v[0])
+		_ = middleware.Settle(ctx, n)
+	}
+	if v := md.Get("trailer"); len(v) > 0 {
+		setTrailer(metadata.Pairs(usageTrailer, v[0], "other", "kept"))
+	}
+}
+
+// usageTrailer is the usage trailer of the rules with usage limits.
+const usageTrailer = "x-usage-tokens"
+
+// FullDuplexCall answers each message with an empty one. With a
+// "per-message: n" metadata it reports n units per message it received
+// when the stream ends, whether the client closed it or went away: in the
+// usage trailer if the call's metadata has "trailer", else through
+// middleware.Settle.
 func (s *service) FullDuplexCall(stream testpb.TestService_FullDuplexCallServer) error {
+	if md, _ := metadata.FromIncomingContext(stream.Context()); len(md.Get("per-message")) > 0 {
+		per, _ := strconv.Atoi(md.Get("per-message")[0])
+		received := 0
+		defer func() {
+			if len(md.Get("trailer")) > 0 {
+				stream.SetTrailer(metadata.Pairs(usageTrailer, strconv.Itoa(per*received)))
+				return
+			}
+			_ = middleware.Settle(stream.Context(), per*received)
+		}()
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			received++
+			if err := stream.Send(&testpb.StreamingOutputCallResponse{}); err != nil {
+				return err
+			}
+		}
+	}
 	for {
 		if _, err := stream.Recv(); err != nil {
 			if errors.Is(err, io.EOF) {

@@ -160,38 +160,20 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 	return s.run(ctx, sh, id, &j, call, ms)
 }
 
-// cold reports whether lease charge c is to be decided exactly, in the
-// shared store's single call: its counter holds no slice and was not used
-// for two intervals (or ever), so that a slice would cost that call and
-// most likely go back unused, one more. A counter used again within two
-// intervals is busy and leases, starting from 2 units. cold records the
-// use.
-func (s *Store) cold(c *window.Charge, b *binding, ms int64) bool {
-	sh, id := s.locate(c)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := s.entryFor(sh, id, c, b, ms)
-	switch {
-	case e.flags&granting != 0, e.up > ms && (e.uc > 0 || e.flags&full != 0):
-		// A slice, a call on its way, or the fleet's budget spent.
-		return false
-	case e.used != 0 && ms-e.used <= 2*b.interval:
-		e.used = ms
-		return false
-	}
-	e.used = ms
-	e.inflight = 2
-	return true
-}
-
 // takeLease decides charge c from the slice its counter holds, asking
-// for a slice if none is left.
-func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (bool, error) {
+// for a slice if none is left; or reports that the counter is cold, for
+// the caller to decide it exactly: its counter holds no slice and was not
+// used for two intervals (or ever), so that a slice would cost the exact
+// store's single call, and likely one more to give back what it left. A
+// counter used again within two intervals is busy, and leases from 2 units
+// on.
+func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (ok, cold bool, err error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
 	for {
 		sh.mu.Lock()
 		e := s.entryFor(sh, id, c, b, ms)
+		last := e.used
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
 			e.uc -= cost
@@ -215,7 +197,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 				// busy counters keep deciding locally.
 				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, 0)
 			}
-			return true, nil
+			return true, false, nil
 		}
 		if e.flags&full != 0 && e.up > ms {
 			// The fleet's budget was spent: deny, as the store did, until
@@ -224,7 +206,12 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			e.setState(st)
 			*out = window.Describe(st, at, b.lim, cost, false)
 			sh.mu.Unlock()
-			return false, nil
+			return false, false, nil
+		}
+		if e.flags&granting == 0 && (e.up <= ms || e.uc == 0) && (last == 0 || ms-last > 2*b.interval) {
+			e.inflight = 2
+			sh.mu.Unlock()
+			return false, true, nil
 		}
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
@@ -233,7 +220,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return false, ctx.Err()
+				return false, false, ctx.Err()
 			}
 		}
 		e.flags |= granting
@@ -241,7 +228,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		sh.mu.Unlock()
 		rep, err := s.grant(ctx, sh, id, call, ms, cost)
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		sh.mu.Lock()
 		e, _ = sh.lookup(id)
@@ -253,7 +240,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		// The fleet's count denies: describe it as exact mode would.
 		st, at := b.lim.Roll(rep.State, ms)
 		*out = window.Describe(st, at, b.lim, cost, false)
-		return false, nil
+		return false, false, nil
 	}
 }
 
@@ -402,20 +389,36 @@ type job struct {
 
 // call makes j's call to the backend.
 func (s *Store) call(ctx context.Context, j *job, call, ms int64) (fleet.Reply, error) {
-	c := fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
-		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
+	c := s.fleetCall(j, call, ms)
 	rep, err := s.cfg.Backend.Fleet(ctx, time.Now().Add(s.cfg.Timeout), &c)
+	s.answered(&rep, err, call)
+	return rep, err
+}
+
+// fleetCall returns job j's call to the backend.
+func (s *Store) fleetCall(j *job, call, ms int64) fleet.Call {
+	return fleet.Call{ID: j.fid, Limit: &j.b.lim, Now: call, Delta: j.delta, Lease: j.lease,
+		Want: j.want, Give: j.give, From: j.from, Holder: s.holder, Until: max(j.until, ms+j.b.interval)}
+}
+
+// answered follows the shared store's clock after a call made at its
+// instant (call < 0).
+func (s *Store) answered(rep *fleet.Reply, err error, call int64) {
 	if err == nil && call < 0 {
-		// The shared store keeps time: follow its clock.
 		s.offset.Store(rep.Now - time.Now().UnixMilli())
 	}
-	return rep, err
 }
 
 // run makes write-back job j's call and merges the reply into entry id
 // of sh, or restores the delta if the call failed.
 func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms int64) error {
 	rep, err := s.call(ctx, j, call, ms)
+	return s.merged(sh, id, j, &rep, err, ms)
+}
+
+// merged merges the reply rep (or error err) to write-back job j into
+// entry id of sh, or restores the delta if the call failed.
+func (s *Store) merged(sh *shard, id ident, j *job, rep *fleet.Reply, err error, ms int64) error {
 	n := j.delta.Prev + j.delta.Curr
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -440,7 +443,7 @@ func (s *Store) run(ctx context.Context, sh *shard, id ident, j *job, call, ms i
 		s.failUntil.Store(ms + j.b.interval)
 		return err
 	}
-	s.cfg.Merge(l, &v, rep, ms, e.inflight)
+	s.cfg.Merge(l, &v, *rep, ms, e.inflight)
 	e.setView(&v)
 	e.synced = ms
 	return nil
@@ -546,23 +549,37 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 	began := time.Now()
 	var first error
 	var mu sync.Mutex
-	next := make(chan int, len(jobs))
-	for i := range jobs {
+	fail := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+	}
+	// The jobs go by one, or by chunks to a backend that takes many, from
+	// a few goroutines.
+	bb, batch := s.cfg.Backend.(BatchBackend)
+	size, n := 1, workers
+	if batch {
+		size, n = chunk, chunkWorkers
+	}
+	next := make(chan int, len(jobs)/size+1)
+	for i := 0; i < len(jobs); i += size {
 		next <- i
 	}
 	close(next)
 	var wg sync.WaitGroup
-	for w := 0; w < min(workers, len(jobs)); w++ {
+	for w := 0; w < min(n, (len(jobs)+size-1)/size); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				if err := s.runJob(ctx, &jobs[i], call, ms); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
+				if batch {
+					fail(s.runBatch(ctx, bb, jobs[i:min(i+size, len(jobs))], call, ms))
+				} else {
+					fail(s.runJob(ctx, &jobs[i], call, ms))
 				}
 			}
 		}()
@@ -618,11 +635,16 @@ func pushDue(e *entry, ms int64, recent, final bool) bool {
 
 // runJob makes one call of a tick and applies its reply.
 func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
+	rep, err := s.call(ctx, j, call, ms)
+	return s.applyJob(j, &rep, err, ms)
+}
+
+// applyJob applies the reply rep (or error err) to a call of a tick.
+func (s *Store) applyJob(j *job, rep *fleet.Reply, err error, ms int64) error {
 	switch {
 	case j.orphan:
-		rep, err := s.call(ctx, j, call, ms)
 		if err == nil && j.lease {
-			s.granted(nil, j, &rep, ms)
+			s.granted(nil, j, rep, ms)
 		} else if err != nil {
 			if fn := s.cfg.Events.Dropped; fn != nil {
 				fn(j.b.name, j.delta.Prev+j.delta.Curr+j.give)
@@ -630,7 +652,6 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		}
 		return err
 	case j.lease:
-		rep, err := s.call(ctx, j, call, ms)
 		j.sh.mu.Lock()
 		defer j.sh.mu.Unlock()
 		e, _ := j.sh.lookup(j.id)
@@ -641,8 +662,30 @@ func (s *Store) runJob(ctx context.Context, j *job, call, ms int64) error {
 		if err != nil {
 			return err
 		}
-		s.granted(e, j, &rep, ms)
+		s.granted(e, j, rep, ms)
 		return nil
 	}
-	return s.run(ctx, j.sh, j.id, j, call, ms)
+	return s.merged(j.sh, j.id, j, rep, err, ms)
+}
+
+// runBatch makes the calls of jobs at once through a backend that takes
+// many (BatchBackend) and applies their replies.
+func (s *Store) runBatch(ctx context.Context, bb BatchBackend, jobs []job, call, ms int64) error {
+	calls := make([]fleet.Call, len(jobs))
+	ptrs := make([]*fleet.Call, len(jobs))
+	for i := range jobs {
+		calls[i] = s.fleetCall(&jobs[i], call, ms)
+		ptrs[i] = &calls[i]
+	}
+	reps := make([]fleet.Reply, len(jobs))
+	errs := make([]error, len(jobs))
+	bb.FleetAll(ctx, time.Now().Add(s.cfg.Timeout), ptrs, reps, errs)
+	var first error
+	for i := range jobs {
+		s.answered(&reps[i], errs[i], call)
+		if err := s.applyJob(&jobs[i], &reps[i], errs[i], ms); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

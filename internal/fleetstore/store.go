@@ -58,8 +58,10 @@
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
 // at most 128). There is one goroutine per store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
-// runs), and a busy counter's next slice is asked for on a goroutine that
-// lives until the answer; none per counter.
+// runs, or, with a BatchBackend such as the Redis store, sends them in
+// chunks of 256 calls that share script runs, from up to 4), and a busy
+// counter's next slice is asked for on a goroutine that lives until the
+// answer; none per counter.
 package fleetstore
 
 import (
@@ -93,7 +95,11 @@ const (
 	// workers is how many calls the syncer has on their way at once;
 	// the pipeline batches those for one server.
 	workers = 16
-	shards  = 64
+	// chunk is how many calls the syncer sends at once to a BatchBackend,
+	// from chunkWorkers goroutines: chunks of a few hundred share script
+	// runs without holding back for long the decisions queued with them.
+	chunk, chunkWorkers = 256, 4
+	shards              = 64
 )
 
 // Settings are a rule's coordination settings.
@@ -114,6 +120,15 @@ type Settings struct {
 // Backend is the shared store. *redisstore.Store implements it.
 type Backend interface {
 	Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error)
+}
+
+// BatchBackend is a Backend that also takes many calls at once, sharing
+// round trips and script runs, as *redisstore.Store does: the syncer then
+// sends a tick's calls by chunks. The reply and error of calls[i] go to
+// out[i] and errs[i].
+type BatchBackend interface {
+	Backend
+	FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error)
 }
 
 // Exact decides the charges of rules in exact mode.
@@ -404,12 +419,9 @@ func recentSlot(c *window.Charge) int {
 
 // locate returns the shard and identity of charge c's counter.
 func (s *Store) locate(c *window.Charge) (*shard, ident) {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(c.Key)
-	h.WriteByte(0)
-	h.WriteString(c.Name)
-	k := h.Sum64()
+	// Two hashes of strings, mixed: a maphash.Hash would copy both into
+	// its buffer first.
+	k := mix64(maphash.String(s.seed, c.Key) + 0x9e3779b97f4a7c15*maphash.String(s.seed, c.Name))
 	ser := c.Limit.Series()
 	id := ident{h1: k ^ ser*0x9e3779b97f4a7c15, h2: mix64(k + ser)}
 	return &s.shards[id.h2%shards], id
@@ -477,7 +489,6 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		bs = make([]*binding, 0, len(charges))
 	}
 	local := 0
-	ms, call := int64(0), int64(0)
 	for i := range charges {
 		c := &charges[i]
 		b := s.bind(rules, c, nil)
@@ -485,21 +496,14 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			if err := c.Limit.Validate(); err != nil {
 				return false, err
 			}
-			if local == 0 {
-				ms, call = s.instant(now)
-			}
-			if b.set.Mode == fleet.Lease && s.cold(c, b, ms) {
-				// Decided exactly, with the request's exact charges.
-				b = nil
-			} else {
-				local++
-			}
+			local++
 		}
 		bs = append(bs, b)
 	}
 	if local == 0 {
 		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
+	ms, call := s.instant(now)
 	all := true
 	decided := 0
 	for i := range charges {
@@ -508,10 +512,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			continue
 		}
 		c := &charges[i]
-		var ok bool
+		var ok, cold bool
 		var err error
 		if b.set.Mode == fleet.Lease {
-			ok, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			ok, cold, err = s.takeLease(ctx, ms, call, c, b, &out[i])
+			if cold {
+				// Decided exactly, with the request's exact charges.
+				bs[i] = nil
+				local--
+				continue
+			}
 		} else {
 			ok, err = s.takeWriteBack(ctx, ms, call, c, b, &out[i])
 		}
@@ -537,8 +547,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		}
 		return false, nil
 	}
-	if local == len(charges) {
+	switch local {
+	case len(charges):
 		return true, nil
+	case 0:
+		// Every local charge was of a cold counter.
+		return s.cfg.Exact.Take(ctx, now, charges, out)
 	}
 	// The exact charges, in one call.
 	var cbuf [8]window.Charge
@@ -572,27 +586,36 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 // undo gives back, locally, what the admitted local charges counted.
 func (s *Store) undo(charges []window.Charge, bs []*binding, out []window.Decision, ms int64) {
 	for i := range charges {
-		b, c := bs[i], &charges[i]
-		if b == nil || !out[i].Allowed || c.Cost == 0 {
-			continue
+		if bs[i] != nil && out[i].Allowed {
+			s.giveBack(&charges[i], bs[i])
 		}
-		sh, id := s.locate(c)
-		sh.mu.Lock()
-		if e, _ := sh.lookup(id); e != nil {
-			cost := int64(c.Cost)
-			if b.set.Mode == fleet.Lease {
-				e.uc += cost
-			} else {
-				if b.lim.Algorithm == window.TokenBucket {
-					e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
-				} else {
-					e.cc = max(0, e.cc-cost)
-				}
-				e.uc = max(0, e.uc-cost)
-			}
-		}
-		sh.mu.Unlock()
 	}
+}
+
+// giveBack takes the cost of c, a charge of a rule in a fleet mode, off
+// its counter in process: back to the slice in lease mode, off the view
+// and what is unsynced in write-back mode (units already pushed stay
+// counted).
+func (s *Store) giveBack(c *window.Charge, b *binding) {
+	if c.Cost == 0 {
+		return
+	}
+	sh, id := s.locate(c)
+	sh.mu.Lock()
+	if e, _ := sh.lookup(id); e != nil {
+		cost := int64(c.Cost)
+		if b.set.Mode == fleet.Lease {
+			e.uc += cost
+		} else {
+			if b.lim.Algorithm == window.TokenBucket {
+				e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
+			} else {
+				e.cc = max(0, e.cc-cost)
+			}
+			e.uc = max(0, e.uc-cost)
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // Busy reports whether a lease call or a waited-for push of some counter

@@ -1,6 +1,7 @@
 package fleetstore
 
 import (
+	"math/bits"
 	"sync"
 	"unsafe"
 
@@ -119,12 +120,31 @@ type shard struct {
 
 func (sh *shard) at(i int) *entry { return &sh.chunks[i/chunkSize][i%chunkSize] }
 
+// A slot holds the number of its entry plus one in its low bits, as many
+// as the shard's capacity needs (idxBits), and in the others a tag of the
+// entry's identity, so that find reads only the entries whose tags match:
+// at seven eighths full, linear probing passes a few slots before it finds
+// an entry, and reading each of their entries would cost a cache miss.
+
+// idxBits is how many low bits of a slot hold its entry's number.
+func (sh *shard) idxBits() uint { return uint(bits.Len(uint(sh.max))) }
+
+// slotOf returns the slot value of entry number i, of identity id.
+func (sh *shard) slotOf(i int, id ident) uint32 {
+	return uint32(i+1) | uint32(id.h1>>32)<<sh.idxBits()
+}
+
+// entryOf returns the number of the entry of slot value v (not 0).
+func (sh *shard) entryOf(v uint32) int { return int(v&(uint32(1)<<sh.idxBits()-1)) - 1 }
+
 // find returns the slot of id, or of the empty slot where it would go.
 func (sh *shard) find(id ident) int {
 	mask := len(sh.slots) - 1
+	b := sh.idxBits()
+	tag := uint32(id.h1>>32) << b >> b
 	for p := int(id.h1) & mask; ; p = (p + 1) & mask {
 		v := sh.slots[p]
-		if v == 0 || sh.at(int(v-1)).id == id {
+		if v == 0 || v>>b == tag && sh.at(sh.entryOf(v)).id == id {
 			return p
 		}
 	}
@@ -139,7 +159,8 @@ func (sh *shard) lookup(id ident) (*entry, int) {
 	if v == 0 {
 		return nil, -1
 	}
-	return sh.at(int(v - 1)), int(v - 1)
+	i := sh.entryOf(v)
+	return sh.at(i), i
 }
 
 // insert adds a zero entry for id, which must not be in the shard, and
@@ -166,7 +187,7 @@ func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 	sh.n++
 	e = sh.at(i)
 	*e = entry{id: id}
-	sh.slots[sh.find(id)] = uint32(i + 1)
+	sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	return e, evicted, did
 }
 
@@ -174,7 +195,8 @@ func (sh *shard) insert(id ident) (e *entry, evicted entry, did bool) {
 func (sh *shard) grow() {
 	sh.slots = make([]uint32, max(2*len(sh.slots), 16))
 	for i := 0; i < sh.n; i++ {
-		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+		id := sh.at(i).id
+		sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	}
 }
 
@@ -200,7 +222,8 @@ func (sh *shard) remove(i int) {
 	last := sh.n - 1
 	if i != last {
 		*sh.at(i) = *sh.at(last)
-		sh.slots[sh.find(sh.at(i).id)] = uint32(i + 1)
+		id := sh.at(i).id
+		sh.slots[sh.find(id)] = sh.slotOf(i, id)
 	}
 	*sh.at(last) = entry{}
 	sh.n--
@@ -212,7 +235,7 @@ func (sh *shard) unplace(p int) {
 	mask := len(sh.slots) - 1
 	sh.slots[p] = 0
 	for q := (p + 1) & mask; sh.slots[q] != 0; q = (q + 1) & mask {
-		home := int(sh.at(int(sh.slots[q]-1)).id.h1) & mask
+		home := int(sh.at(sh.entryOf(sh.slots[q])).id.h1) & mask
 		// The entry at q may move to p unless its home lies cyclically in
 		// (p, q].
 		if (q > p && (home <= p || home > q)) || (q < p && home <= p && home > q) {

@@ -85,6 +85,9 @@ type Values struct {
 	// Policy is the RateLimit-Policy value, listing every policy that
 	// applied. Empty omits the field.
 	Policy string
+	// Others, when not empty, lists the RateLimit items of the other
+	// policies that applied, sent after the binding one's in RateLimit.
+	Others string
 }
 
 // Prepared is the text of the fields that is the same on every response
@@ -217,6 +220,10 @@ func (f *fields) build(a *arena.Arena, style Style, v *Values, p *Prepared) int 
 		remaining.end = len(buf)
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, Seconds(v.Next), 10)
+		if v.Others != "" {
+			buf = append(buf, ", "...)
+			buf = append(buf, v.Others...)
+		}
 		rateLimit.end = len(buf)
 	}
 	if legacy {

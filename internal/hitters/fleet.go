@@ -76,9 +76,11 @@ func (t *Tracker) startFleet() {
 	}()
 }
 
-// Publish writes every rule's summaries to the backend now (the
-// publisher does it every FleetConfig.Every), and returns the first
-// error.
+// Publish writes the summaries of every rule that has any to the backend
+// now (the publisher does it every FleetConfig.Every), and returns the
+// first error. A rule without clients in the last hour is not written
+// (its last write expires), nor is one whose summaries did not change
+// since they were written less than half the TTL ago.
 func (t *Tracker) Publish(ctx context.Context) error {
 	f := t.cfg.Fleet
 	if f == nil {
@@ -86,33 +88,60 @@ func (t *Tracker) Publish(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	now := t.drainLocked()
-	payloads := map[string][]byte{}
+	type write struct {
+		rs      *ruleState
+		payload []byte
+		counted uint64
+	}
+	writes := map[string]write{}
 	for name, rs := range t.rules {
-		if rs.k == 0 {
+		if rs.k == 0 || rs.counted == rs.published && now-rs.publishedAt < f.TTL.Milliseconds()/2 {
+			continue
+		}
+		var views [int(numKinds) * int(numPeriods)]topk.View
+		var hour uint64
+		for kind := range numKinds {
+			for p := range numPeriods {
+				v := rs.windows[kind].View(now, p == Hour)
+				views[int(kind)*int(numPeriods)+int(p)] = v
+				if p == Hour {
+					hour += v.N
+				}
+			}
+		}
+		if hour == 0 {
 			continue
 		}
 		b := []byte{payloadVersion}
 		for p := range numPeriods {
 			b = binary.AppendUvarint(b, t.drops[p].Sum(now).AllowedUnits)
 		}
-		for kind := range numKinds {
-			for p := range numPeriods {
-				b = topk.AppendView(b, rs.windows[kind].View(now, p == Hour))
-			}
+		for _, v := range views {
+			b = topk.AppendView(b, v)
 		}
-		payloads[name] = b
+		writes[name] = write{rs: rs, payload: b, counted: rs.counted}
 	}
 	t.mu.Unlock()
 	var first error
-	for name, b := range payloads {
+	done := map[string]write{}
+	for name, w := range writes {
 		c, cancel := context.WithTimeout(ctx, f.Timeout)
-		err := f.Backend.Publish(c, name, f.Server, b, f.TTL)
+		err := f.Backend.Publish(c, name, f.Server, w.payload, f.TTL)
 		cancel()
-		if err != nil && first == nil {
-			first = fmt.Errorf("publish the clients of rule %q: %w", name, err)
+		if err != nil {
+			if first == nil {
+				first = fmt.Errorf("publish the clients of rule %q: %w", name, err)
+			}
+			continue
 		}
+		done[name] = w
 	}
 	t.mu.Lock()
+	for name, w := range done {
+		if t.rules[name] == w.rs {
+			w.rs.published, w.rs.publishedAt = w.counted, now
+		}
+	}
 	if first == nil {
 		t.pub.last = time.Now()
 	}

@@ -67,9 +67,9 @@ type shard struct {
 	last    atomic.Uint64
 	lastSig atomic.Uint64
 	_       [40]byte
-	slots atomic.Pointer[[slotsPerShard]slot]
-	head  atomic.Uint64 // the consumer's next position
-	_     [48]byte
+	slots   atomic.Pointer[[slotsPerShard]slot]
+	head    atomic.Uint64 // the consumer's next position
+	_       [48]byte
 }
 
 // Ring carries events from the requests that make them to the one

@@ -99,6 +99,10 @@ type ruleState struct {
 	k       int
 	windows [numKinds]*topk.Window // both periods
 	rates   *Series
+	// counted counts the events drained into the summaries; published is
+	// counted at the last publish, and publishedAt its instant (ms).
+	counted, published uint64
+	publishedAt        int64
 }
 
 // New returns a Tracker and starts its drainer (and, with cfg.Fleet, its
@@ -278,6 +282,7 @@ func (d *drainRun) flush() {
 		return
 	}
 	d.rs.rates.AddN(d.kind, d.events, d.units, d.now)
+	d.rs.counted += d.events
 	if d.rs.k > 0 {
 		d.rs.windows[d.kind].Add(d.key, d.units, d.now)
 	}

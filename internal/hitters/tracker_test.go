@@ -197,9 +197,10 @@ func TestTrackerMemoryBound(t *testing.T) {
 // memBackend is a Backend in memory, for the fleet's logic; the Redis
 // backend is tested against real servers in package middleware.
 type memBackend struct {
-	mu   sync.Mutex
-	m    map[string]map[string][]byte
-	fail bool
+	mu     sync.Mutex
+	m      map[string]map[string][]byte
+	fail   bool
+	writes int
 }
 
 func (b *memBackend) Publish(_ context.Context, rule, server string, payload []byte, _ time.Duration) error {
@@ -214,6 +215,7 @@ func (b *memBackend) Publish(_ context.Context, rule, server string, payload []b
 	if b.m[rule] == nil {
 		b.m[rule] = map[string][]byte{}
 	}
+	b.writes++
 	b.m[rule][server] = append([]byte(nil), payload...)
 	return nil
 }
@@ -239,7 +241,7 @@ func TestFleetMerge(t *testing.T) {
 	var trs []*Tracker
 	for i := range 3 {
 		tr, _ := newTracker(t, Config{K: 10, Fleet: &FleetConfig{Backend: be, Server: "s" + strconv.Itoa(i), Every: time.Hour}})
-		tr.SetRules(map[string]int{"api": 0})
+		tr.SetRules(map[string]int{"api": 0, "idle": 0})
 		trs = append(trs, tr)
 	}
 	for i, tr := range trs {
@@ -264,12 +266,26 @@ func TestFleetMerge(t *testing.T) {
 	if last, err := trs[0].PublishState(); last.IsZero() || err != nil {
 		t.Errorf("publish state %v %v", last, err)
 	}
+	// One write per rule with clients: none for the idle rule, none again
+	// while nothing changed.
+	be.mu.Lock()
+	writes := be.writes
+	be.mu.Unlock()
+	if err := trs[2].Publish(context.Background()); err != nil || writes != 3 {
+		t.Fatalf("%d writes for 3 servers and one busy rule (want 3); %v", writes, err)
+	}
+	be.mu.Lock()
+	if be.writes != writes {
+		t.Errorf("a publish of unchanged summaries wrote %d", be.writes-writes)
+	}
+	be.mu.Unlock()
 	// The backend down: the local view, and the error.
 	be.mu.Lock()
 	be.fail = true
 	be.mu.Unlock()
+	trs[1].Note(trs[1].Shard(), "api", "user:late", 1, Charged) // something to publish
 	f, _, err = trs[1].Fleet(context.Background(), "api", Denied, Minute)
-	if err == nil || f.Servers != 1 || f.N != 12 {
+	if err == nil || f.Servers != 1 || f.N != 12 { // the denied view: the late event was charged
 		t.Errorf("fleet with the backend down: %+v, %v", f, err)
 	}
 	if trs[1].Publish(context.Background()) == nil {

@@ -33,3 +33,16 @@ func TestRefund(t *testing.T) {
 		return s
 	})
 }
+
+// TestSettle checks Settle against window.SettleAll on the suite's table.
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	storetest.RunSettle(t, func(t *testing.T) storetest.Settler {
+		s, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

@@ -416,7 +416,42 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 	if len(charges) == 1 {
 		return s.takeOne(ms, &charges[0], &out[0]), nil
 	}
+	return s.decide(ms, charges, out, false), nil
+}
 
+// Settle charges the costs of charges at now whether they fit or not
+// (window.SettleAll): the usage of admitted requests, settled once they
+// have run. A counter it takes past its limit is in debt, which the
+// decisions written to out report (Decision.Debt), with the counter as a
+// read would find it after the charge. Charges of cost 0 change nothing
+// and create no counter. The zero now means the Store's clock. Settle
+// returns an error, and charges nothing, for the inputs that Take
+// refuses.
+func (s *Store) Settle(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) error {
+	if len(out) != len(charges) {
+		return fmt.Errorf("memstore: %d decisions for %d charges, want as many", len(out), len(charges))
+	}
+	for i := range charges {
+		if err := checkCharge(i, &charges[i]); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: %w", err)
+	}
+	if len(charges) == 0 {
+		return nil
+	}
+	if now.IsZero() {
+		now = s.now()
+	}
+	s.decide(now.UnixMilli(), charges, out, true)
+	return nil
+}
+
+// decide is Take at ms (settle false), or Settle (true), for checked
+// charges.
+func (s *Store) decide(ms int64, charges []window.Charge, out []window.Decision, settle bool) bool {
 	var (
 		workBuf  [inlineCharges]work
 		stateBuf [inlineCharges]window.State
@@ -482,15 +517,20 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		spread(works, states, charges)
 	}
 
-	allowed := window.Take(states, ms, charges, out)
+	allowed := true
+	if settle {
+		window.SettleAll(states, ms, charges, out)
+	} else {
+		allowed = window.Take(states, ms, charges, out)
+	}
 
 	if allowed {
-		s.charge(works, states, charges, ms, dup)
+		s.charge(works, states, charges, ms, dup, settle)
 	}
 	for _, si := range locks {
 		s.shards[si].mu.Unlock()
 	}
-	return allowed, nil
+	return allowed
 }
 
 // takeOne is Take for a single charge, decided as the general case
@@ -652,9 +692,9 @@ func until(l *window.Limit, st *window.State, now int64) int64 {
 // window.Take charged the first charge that costs something on each
 // counter, its rep; the costs of the charges that repeat it are added as
 // though each came in turn, rolling the state under its own limit
-// (window.Add), and the counter expires as the limit of the last one
-// says.
-func (s *Store) charge(works []work, states []window.State, charges []window.Charge, now int64, dup bool) {
+// (window.Add, or window.Settle for a settle), and the counter expires as
+// the limit of the last one says.
+func (s *Store) charge(works []work, states []window.State, charges []window.Charge, now int64, dup, settle bool) {
 	// Update existing counters before inserting new ones: an insertion may
 	// evict or move records, which would invalidate the numbers in works.
 	inserts := false
@@ -671,7 +711,11 @@ func (s *Store) charge(works []work, states []window.State, charges []window.Cha
 					l := &charges[j].Limit
 					var at int64
 					*st, at = l.Roll(*st, now)
-					window.Add(st, at, *l, int64(charges[j].Cost))
+					if settle {
+						window.Settle(st, at, *l, int64(charges[j].Cost))
+					} else {
+						window.Add(st, at, *l, int64(charges[j].Cost))
+					}
 				}
 			}
 		}

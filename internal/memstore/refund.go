@@ -22,7 +22,8 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 // Refund takes back the costs of charges admitted at at (see TakeAt), as
 // window.Refund describes: off a sliding window's count of the window
 // that holds at, a fixed window's count if it is still that window, a
-// token bucket's level. Counters that no longer exist or have expired are
+// token bucket's level, a sliding log's entry of the instant at. Counters
+// that no longer exist or have expired are
 // left alone, and none is created. It returns an error, and takes nothing
 // back, if a charge has an invalid Limit, a negative Cost or an algorithm
 // that cannot be refunded (window.Refundable), or if ctx is done.

@@ -148,22 +148,43 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 // closed.
 func (d *dest) enqueue(c *call) error {
 	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return ErrClosed
-	}
-	if d.down {
-		d.lastUse = time.Now()
-		err := d.downErr
-		if !d.probing {
-			d.startProbeLocked()
-		}
+	if err := d.refuseLocked(); err != nil {
 		d.mu.Unlock()
 		return err
 	}
 	d.queue = append(d.queue, c)
 	d.mu.Unlock()
 	d.cond.Signal()
+	return nil
+}
+
+// refuseLocked returns why d takes no call, if it takes none: it is
+// closed, or down (which starts its probes). d.mu must be held.
+func (d *dest) refuseLocked() error {
+	if d.closed {
+		return ErrClosed
+	}
+	if d.down {
+		d.lastUse = time.Now()
+		if !d.probing {
+			d.startProbeLocked()
+		}
+		return d.downErr
+	}
+	return nil
+}
+
+// enqueueAll is enqueue for calls, all for d, queued at once so that a
+// lane takes them together.
+func (d *dest) enqueueAll(calls []*call) error {
+	d.mu.Lock()
+	if err := d.refuseLocked(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	d.queue = append(d.queue, calls...)
+	d.mu.Unlock()
+	d.cond.Broadcast()
 	return nil
 }
 

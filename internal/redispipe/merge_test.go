@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -378,4 +379,106 @@ func hangAfterOneCall(t *testing.T, srv *redistest.Server, p *Pipeliner, key str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Resume() })
+}
+
+// TestRunAll checks that the calls of RunAll, on a standalone server and
+// on a Cluster, each get their own reply (an error reply failing its own
+// call alone), in few script runs (a batch takes up to MaxBatch calls,
+// merged per hash slot on a Cluster), that they are not counted in
+// OnBatch, and that every call fails at once when its server is down.
+func TestRunAll(t *testing.T) {
+	t.Parallel()
+	for _, topo := range []string{"standalone", "cluster"} {
+		t.Run(topo, func(t *testing.T) {
+			t.Parallel()
+			var (
+				client redis.Scripter
+				admins []*redis.Client
+				prefix string
+				srv    *redistest.Server
+			)
+			if topo == "standalone" {
+				srv = redistest.Standalone(t)
+				prefix = srv.Prefix(t)
+				client = srv.Client(t, nil)
+				admins = append(admins, srv.Client(t, nil))
+			} else {
+				cl := redistest.SharedCluster(t)
+				prefix = cl.Prefix(t)
+				client = cl.Client(t, nil)
+				for _, a := range cl.Addrs() {
+					admins = append(admins, redis.NewClient(&redis.Options{Addr: a}))
+				}
+				t.Cleanup(func() {
+					for _, a := range admins {
+						a.Close()
+					}
+				})
+			}
+			scripts := func() (n int) {
+				for _, a := range admins {
+					n += commandCalls(t, a, "evalsha") + commandCalls(t, a, "eval")
+				}
+				return n
+			}
+			var counted atomic.Int64
+			p := newPipeliner(t, client, Config{StallThreshold: testStall, OnBatch: func(n int) { counted.Add(int64(n)) }})
+			ctx := context.Background()
+			const n = 600
+			calls := make([]Call, n)
+			for i := range calls {
+				// One hash slot on a Cluster for the first half.
+				key := prefix + "{k}" + strconv.Itoa(i)
+				if i >= n/2 {
+					key = prefix + "{k" + strconv.Itoa(i) + "}"
+				}
+				calls[i] = Call{Keys: []string{key}, Args: decideArgs}
+				if i%100 == 7 {
+					calls[i].Args = []any{"fail"}
+				}
+			}
+			// Once to load the script on every server (the calls that miss
+			// it are sent again one by one), then counted.
+			p.RunAll(ctx, time.Time{}, batchDecide, calls)
+			counted.Store(0)
+			before := scripts()
+			p.RunAll(ctx, time.Time{}, batchDecide, calls)
+			runs := scripts() - before
+			for i, c := range calls {
+				if i%100 == 7 {
+					if c.Err == nil || !isRedisError(c.Err) {
+						t.Errorf("call %d: a failing call got %v, %v", i, c.Val, c.Err)
+					}
+					continue
+				}
+				if a, ok := c.Val.([]any); c.Err != nil || !ok || len(a) != 4 || a[3] != c.Keys[0] {
+					t.Fatalf("call %d for %s got %v, %v", i, c.Keys[0], c.Val, c.Err)
+				}
+			}
+			t.Logf("%d calls in %d script runs", n, runs)
+			if topo == "standalone" && (runs < n/DefaultMaxBatch || runs > 2*n/DefaultMaxBatch+2) {
+				t.Errorf("%d calls ran as %d scripts, want batches of up to %d", n, runs, DefaultMaxBatch)
+			}
+			if topo == "cluster" && runs > n/2+n/DefaultMaxBatch+3 {
+				// One run per slot for the second half, a few for the first.
+				t.Errorf("%d calls ran as %d scripts, want the %d of one slot merged", n, runs, n/2)
+			}
+			if counted.Load() != 0 {
+				t.Errorf("OnBatch counted %d calls of RunAll", counted.Load())
+			}
+			if srv == nil {
+				return
+			}
+			srv.Kill()
+			if _, err := p.Run(ctx, batchDecide, []string{prefix + "{k}"}, decideArgs...); err == nil {
+				t.Fatal("a call succeeded with the server killed")
+			}
+			p.RunAll(ctx, time.Now().Add(5*time.Second), batchDecide, calls[:10])
+			for i, c := range calls[:10] {
+				if c.Err == nil {
+					t.Errorf("call %d succeeded with the server killed", i)
+				}
+			}
+		})
+	}
 }

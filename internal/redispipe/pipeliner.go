@@ -351,6 +351,80 @@ func (p *Pipeliner) RunQuiet(ctx context.Context, script *redis.Script, keys []s
 	return p.run(ctx, time.Time{}, true, script, keys, args...)
 }
 
+// Call is one call of RunAll: the keys and arguments of a script run, as
+// Run takes them, and, once RunAll returns, its reply as Run returns it.
+type Call struct {
+	Keys []string
+	Args []any
+	Val  any
+	Err  error
+}
+
+// RunAll runs script once for each of calls, as Run would, and returns
+// when each has its reply or ctx or deadline ends: the calls join their
+// destinations' queues at once, so that they leave in as few batches as
+// the batch size allows, rather than one round trip each. Like RunQuiet,
+// they are not counted in Config.OnBatch: RunAll is for background work
+// (a syncer's tick) that should not hold back the decisions queued with
+// it for long, so callers send a few hundred calls at a time.
+func (p *Pipeliner) RunAll(ctx context.Context, deadline time.Time, script *redis.Script, calls []Call) {
+	queued := make([]*call, len(calls))
+	// The calls by destination: their indexes in calls.
+	var dests []*dest
+	var groups [][]int
+	for i := range calls {
+		cl := &calls[i]
+		cl.Val, cl.Err = nil, nil
+		if p.closed.Load() {
+			cl.Err = ErrClosed
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			cl.Err = fmt.Errorf("redispipe: %w", context.Cause(ctx))
+			continue
+		}
+		d, err := p.route(ctx, cl.Keys)
+		if err != nil {
+			cl.Err = err
+			continue
+		}
+		c := newCall(ctx, deadline, script, cl.Keys, cl.Args)
+		c.dest = d
+		c.quiet = true
+		if p.kind == kindCluster {
+			c.slot = Slot(cl.Keys[0])
+		}
+		queued[i] = c
+		g := 0
+		for g < len(dests) && dests[g] != d {
+			g++
+		}
+		if g == len(dests) {
+			dests, groups = append(dests, d), append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	var batch []*call
+	for g, d := range dests {
+		batch = batch[:0]
+		for _, i := range groups[g] {
+			batch = append(batch, queued[i])
+		}
+		if err := d.enqueueAll(batch); err != nil {
+			for _, i := range groups[g] {
+				queued[i].release()
+				queued[i].release()
+				queued[i], calls[i].Err = nil, err
+			}
+		}
+	}
+	for i, c := range queued {
+		if c != nil {
+			calls[i].Val, calls[i].Err = c.wait(ctx)
+		}
+	}
+}
+
 // route returns the destination of a call with keys.
 func (p *Pipeliner) route(ctx context.Context, keys []string) (*dest, error) {
 	if p.kind == kindSingle {

@@ -59,18 +59,33 @@ func newTestStore(t testing.TB, client redis.Scripter, prefix string) *Store {
 // table, standalone and on a cluster.
 func TestTakeBack(t *testing.T) {
 	t.Parallel()
+	onEachServer(t, func(t *testing.T, newStore func(t *testing.T) *Store) {
+		storetest.RunRefund(t, func(t *testing.T) storetest.Refunder { return newStore(t) })
+	})
+}
+
+// TestSettle checks Settle (decide.lua's settle mode) against
+// window.SettleAll, and the decisions after a debt against window.Take, on
+// the suite's table, standalone and on a cluster.
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	onEachServer(t, func(t *testing.T, newStore func(t *testing.T) *Store) {
+		storetest.RunSettle(t, func(t *testing.T) storetest.Settler { return newStore(t) })
+	})
+}
+
+// onEachServer runs run in parallel subtests on the shared standalone
+// server and on the shared cluster, with a function that makes stores on
+// it.
+func onEachServer(t *testing.T, run func(t *testing.T, newStore func(t *testing.T) *Store)) {
 	t.Run("Standalone", func(t *testing.T) {
 		t.Parallel()
 		srv := redistest.Shared(t)
-		storetest.RunRefund(t, func(t *testing.T) storetest.Refunder {
-			return newTestStore(t, srv.Client(t, nil), srv.Prefix(t))
-		})
+		run(t, func(t *testing.T) *Store { return newTestStore(t, srv.Client(t, nil), srv.Prefix(t)) })
 	})
 	t.Run("Cluster", func(t *testing.T) {
 		t.Parallel()
 		cl := redistest.SharedCluster(t)
-		storetest.RunRefund(t, func(t *testing.T) storetest.Refunder {
-			return newTestStore(t, cl.Client(t, nil), cl.Prefix(t))
-		})
+		run(t, func(t *testing.T) *Store { return newTestStore(t, cl.Client(t, nil), cl.Prefix(t)) })
 	})
 }

@@ -22,7 +22,8 @@
 -- KEYS[i]  the bucket of charge i: a HASH holding the counters of many
 --          clients, one field per counter.
 -- One argument: now in Unix ms (-1 to read the server's clock, TIME), one
--- byte (1 to charge, 0 for a dry run that decides but never writes), then
+-- byte (1 to charge, 0 for a dry run that decides but never writes, 2 to
+-- settle: charge every cost whether it fits or not, window.SettleAll), then
 -- for each charge in turn its field (12 bytes), its algorithm's code (one
 -- character) and that algorithm's numbers (durations in ms):
 --   "0" sliding window        limit, window, tick, cost
@@ -73,7 +74,11 @@
 -- of every counter written, so that it outlives them all.
 --
 -- Every charge is decided at one instant, against the counters as they were
--- before the request; the costs are added only if every charge fits. Only
+-- before the request; the costs are added only if every charge fits (or
+-- whatever they fit, for a settle, capped as window.Settle caps them: a
+-- count at 2^52, a token bucket's level at 2 * (capacity + 1) tokens, a
+-- log's sum at 2^32 - 1; the reply then gives a log's retry_1 of the log
+-- after the charge, the entry that lets one unit fit again). Only
 -- the counters of admitted charges with a cost are written: a denied
 -- request or a read (cost 0) changes nothing. Two charges may name the same
 -- counter; each is then decided on its own and both costs are counted, as
@@ -81,9 +86,11 @@
 -- each charge's limit before its cost is added).
 --
 -- All numbers are integers below 2^53 (window.Limit.Tick chooses the tick
--- so that 3 * (limit + 1) * ticks <= 2^53, counts are capped at limit + 1,
--- and the caller caps a cost at capacity + 1), so the double arithmetic of
--- Lua is exact; divisions are floored explicitly. Instants stored as "i6"
+-- so that 3 * (limit + 1) * ticks <= 2^53, a previous count above
+-- limit + 1 is compared by division rather than by its product, counts
+-- stay below 2^52, and the caller caps a cost at capacity + 1, but for a
+-- settle), so the double arithmetic of Lua is exact; divisions are floored
+-- explicitly. Instants stored as "i6"
 -- must be below 2^47 ms (the year 6429), which the caller checks, and a
 -- log's counts below 2^32, which its limit of at most 100,000 ensures.
 --
@@ -143,12 +150,18 @@ local function slidingFits(s, p, c, limit, w, r, cost)
       s = now
     end
   end
-  -- In ticks, with the counts capped at limit + 1.
-  local ticks, e, cap = w / r, at - s, limit + 1
+  -- In ticks: p * (ticks-1-e) <= (limit-c-cost) * ticks, by division
+  -- when p is above limit + 1 (a debt), so that no product passes 2^53.
+  if cost > limit or c > limit - cost then
+    return false, s, p, c
+  end
+  local ticks, e = w / r, at - s
   e = (e - e % r) / r
-  return cost <= limit and
-    (p < cap and p or cap) * (ticks - 1 - e) + ((c < cap and c or cap) + cost) * ticks <= limit * ticks,
-    s, p, c
+  local k, a = ticks - 1 - e, (limit - c - cost) * ticks
+  if p <= limit + 1 then
+    return p * k <= a, s, p, c
+  end
+  return k == 0 or p <= (a - a % k) / k, s, p, c
 end
 
 -- The counter last read or written in this run (bucket lkey, field lfield,
@@ -176,8 +189,12 @@ if ARGV[1] == '1' and #KEYS == 1 then
         now = instant(at0)
         local s0, p0, c0 = unpack('<ddd', v)
         local ok, s, p, c = slidingFits(s0, p0, c0, limit, w, r, cost)
-        if ok and mode == 1 and cost > 0 then
-          redis.call('HSET', key, field, pack('<dddd', s, p, c + cost, w))
+        if (ok and mode == 1 or mode == 2) and cost > 0 then
+          local n = c + cost
+          if n > 4503599627370496 then
+            n = 4503599627370496 -- 2^52: a settle's cap
+          end
+          redis.call('HSET', key, field, pack('<dddd', s, p, n, w))
           if s ~= s0 then
             local ttl = s + 2 * w - now
             redis.call('PEXPIRE', key, ttl < 1 and 1 or ttl, 'GT')
@@ -315,7 +332,7 @@ for q = 1, calls do
   end
   local fail, reply
   now = instant(at0)
-  local charge = mode == 1
+  local charge, force = mode >= 1, mode == 2
 
   -- The commonest request, one sliding-window charge of a counter that
   -- exists or of a new one, is decided here with scalars; the general
@@ -339,11 +356,15 @@ for q = 1, calls do
       s0, p0, c0 = unpack('<ddd', lval)
     end
     local ok, s, p, c = slidingFits(s0, p0, c0, limit1, w, r1, cost)
-    if ok and charge and cost > 0 then
+    if (ok and charge or force) and cost > 0 then
       if s0 < 0 then
         prune(lkey, lfield)
       end
-      lval, ldirty = pack('<dddd', s, p, c + cost, w), true
+      local n = c + cost
+      if n > 4503599627370496 then
+        n = 4503599627370496
+      end
+      lval, ldirty = pack('<dddd', s, p, n, w), true
       if s ~= s0 then
         local ttl = s + 2 * w - now
         if ttl < 1 then
@@ -416,13 +437,13 @@ for q = 1, calls do
               -- grid, as of the last instant the level is known to hold (the
               -- end of its old tick, or now if sooner).
               local ow = max(floor(win / r0), 1)
-              level = min(floor((level + ow - 1) / ow), burst + 1) * w
+              level = min(floor((level + ow - 1) / ow), 2 * (burst + 1)) * w
               if base >= s then
                 s = min(s + r0 - 1, base)
               end
               s = s - s % r
             end
-            level = min(level, (burst + 1) * w)
+            level = min(level, 2 * (burst + 1) * w)
             if base < s then
               -- The clock went backwards: decide at the level's instant.
               return s, level, s
@@ -553,6 +574,20 @@ for q = 1, calls do
           retry1 = leaving(v, first, need)
         end
         local ok = cost <= limit and count + cost <= limit
+        if force then
+          -- The sum stops at 2^32 - 1; retry_1 is of the log charged:
+          -- an entry that was there, or the settle's own.
+          cost = min(cost, 4294967295 - count)
+          need, retry1 = count + cost + 1 - limit, -1
+          if need > 0 then
+            if v then
+              retry1 = leaving(v, first, need)
+            end
+            if retry1 < 0 then
+              retry1 = at
+            end
+          end
+        end
         x = {ok, count, oldest, newest, retryc, retry1, at, cost, field, code, exp0 < 0,
           exp0, v, first, win}
       else
@@ -563,7 +598,7 @@ for q = 1, calls do
       all = all and x[1]
     end
 
-    if not fail and charge and all then
+    if not fail and charge and (all or force) then
       -- One write per counter, with every cost charged to it: the first charge
       -- of a counter writes the total; link chains the others.
       local total, link = total1, noLink
@@ -600,7 +635,11 @@ for q = 1, calls do
           local value, exp
           if code == '0' then
             local w = x[12]
-            value = pack('<dddd', x[2], x[3], x[4] + tot, w)
+            local n = x[4] + tot
+            if n > 4503599627370496 then
+              n = 4503599627370496
+            end
+            value = pack('<dddd', x[2], x[3], n, w)
             if x[2] ~= x[5] then
               -- A new window (or counter): it matters for the rest of it plus
               -- the next one (window.Expiry).
@@ -620,7 +659,11 @@ for q = 1, calls do
                   s, level = y[2], y[4]
                 end
                 r = y[17]
-                level = level + y[8] * y[16]
+                if force then
+                  level = min(level + y[8] * y[16], 2 * (y[14] + 1) * y[16])
+                else
+                  level = level + y[8] * y[16]
+                end
                 last = y
               end
               j = link[j]
@@ -658,7 +701,11 @@ for q = 1, calls do
               exp = e
             end
           else
-            value = pack('<Bi6i6d', 70, x[12], x[2], x[4] + tot)
+            local n = x[4] + tot
+            if n > 4503599627370496 then
+              n = 4503599627370496
+            end
+            value = pack('<Bi6i6d', 70, x[12], x[2], n)
             if x[2] ~= x[5] then
               exp = x[12]
             end

@@ -40,69 +40,116 @@ func FleetID(c *window.Charge) fleet.ID {
 // Calls for counters of one server made at the same moment share a round
 // trip and a script run, as decisions do.
 func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error) {
-	l := c.Limit
-	if !fleet.Supports(l.Algorithm) {
-		return fleet.Reply{}, fmt.Errorf("redisstore: fleet: %s is decided exactly", l.Algorithm)
+	key, arg, err := s.fleetRequest(c)
+	if err != nil {
+		return fleet.Reply{}, err
 	}
-	le := binary.LittleEndian
-	arg := make([]byte, 0, 128)
-	arg = le.AppendUint64(arg, uint64(c.Now))
-	if c.Lease {
-		arg = append(arg, 'L')
-	} else {
-		arg = append(arg, 'W')
-	}
-	arg = append(arg, c.ID.Field[:]...)
-	put := func(n ...int64) {
-		for _, x := range n {
-			arg = le.AppendUint64(arg, uint64(x))
-		}
-	}
-	w := l.Window.Milliseconds()
-	switch {
-	case l.Algorithm == window.SlidingWindow:
-		arg = append(arg, '0')
-		put(int64(l.Requests), w, l.Tick())
-	case l.Algorithm == window.TokenBucket:
-		arg = append(arg, '3')
-		put(int64(l.Requests), int64(l.Capacity()), w, l.Tick())
-	case l.Period == window.NoPeriod:
-		arg = append(arg, '1')
-		put(int64(l.Requests), w)
-	default:
-		ref := c.Now
-		if ref < 0 {
-			ref = time.Now().UnixMilli()
-		}
-		b := l.Boundaries(ref)
-		arg = append(arg, '4')
-		put(int64(l.Requests), b[0], b[1], b[2], b[3])
-	}
-	if c.Lease {
-		put(c.Want, c.Give, c.From, int64(c.Holder), c.Until)
-	} else {
-		put(c.Delta.Start, c.Delta.Prev, c.Delta.Curr)
-	}
-	key := make([]byte, 0, len(s.prefix)+2+tagLen)
-	key = append(append(append(append(key, s.prefix...), '{'), c.ID.Tag[:]...), '}')
-	keys := []string{string(key)}
-	if s.timeout > 0 {
-		if d := time.Now().Add(s.timeout); deadline.IsZero() || d.Before(deadline) {
-			deadline = d
-		}
-	}
+	keys := []string{key}
+	deadline = s.fleetDeadline(deadline)
 	var v any
-	var err error
 	if s.pipe != nil {
-		v, err = s.pipe.RunBy(ctx, deadline, fleetScript, keys, string(arg))
+		v, err = s.pipe.RunBy(ctx, deadline, fleetScript, keys, arg)
 	} else {
 		if !deadline.IsZero() {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
 		}
-		v, err = s.eval(ctx, fleetScript, keys, []any{string(arg)})
+		v, err = s.eval(ctx, fleetScript, keys, []any{arg})
 	}
+	return fleetReply(c, v, err)
+}
+
+// FleetAll runs calls as Fleet runs each, all queued at once, so that they
+// share batches and script runs as few as the batch size allows
+// (redispipe.Pipeliner.RunAll): a syncer's tick, which has many. The
+// reply and error of calls[i] go to out[i] and errs[i].
+func (s *Store) FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error) {
+	if s.pipe == nil {
+		for i, c := range calls {
+			out[i], errs[i] = s.Fleet(ctx, deadline, c)
+		}
+		return
+	}
+	runs := make([]redispipe.Call, 0, len(calls))
+	idx := make([]int, 0, len(calls))
+	for i, c := range calls {
+		key, arg, err := s.fleetRequest(c)
+		if err != nil {
+			out[i], errs[i] = fleet.Reply{}, err
+			continue
+		}
+		runs = append(runs, redispipe.Call{Keys: []string{key}, Args: []any{arg}})
+		idx = append(idx, i)
+	}
+	s.pipe.RunAll(ctx, s.fleetDeadline(deadline), fleetScript, runs)
+	for k, i := range idx {
+		out[i], errs[i] = fleetReply(calls[i], runs[k].Val, runs[k].Err)
+	}
+}
+
+// fleetDeadline is deadline, or the store's timeout from now if sooner.
+func (s *Store) fleetDeadline(deadline time.Time) time.Time {
+	if s.timeout > 0 {
+		if d := time.Now().Add(s.timeout); deadline.IsZero() || d.Before(deadline) {
+			return d
+		}
+	}
+	return deadline
+}
+
+// fleetRequest returns the bucket and the argument of call c to fleet.lua.
+func (s *Store) fleetRequest(c *fleet.Call) (key, arg string, err error) {
+	l := c.Limit
+	if !fleet.Supports(l.Algorithm) {
+		return "", "", fmt.Errorf("redisstore: fleet: %s is decided exactly", l.Algorithm)
+	}
+	le := binary.LittleEndian
+	b := make([]byte, 0, 128)
+	b = le.AppendUint64(b, uint64(c.Now))
+	if c.Lease {
+		b = append(b, 'L')
+	} else {
+		b = append(b, 'W')
+	}
+	b = append(b, c.ID.Field[:]...)
+	put := func(n ...int64) {
+		for _, x := range n {
+			b = le.AppendUint64(b, uint64(x))
+		}
+	}
+	w := l.Window.Milliseconds()
+	switch {
+	case l.Algorithm == window.SlidingWindow:
+		b = append(b, '0')
+		put(int64(l.Requests), w, l.Tick())
+	case l.Algorithm == window.TokenBucket:
+		b = append(b, '3')
+		put(int64(l.Requests), int64(l.Capacity()), w, l.Tick())
+	case l.Period == window.NoPeriod:
+		b = append(b, '1')
+		put(int64(l.Requests), w)
+	default:
+		ref := c.Now
+		if ref < 0 {
+			ref = time.Now().UnixMilli()
+		}
+		bs := l.Boundaries(ref)
+		b = append(b, '4')
+		put(int64(l.Requests), bs[0], bs[1], bs[2], bs[3])
+	}
+	if c.Lease {
+		put(c.Want, c.Give, c.From, int64(c.Holder), c.Until)
+	} else {
+		put(c.Delta.Start, c.Delta.Prev, c.Delta.Curr)
+	}
+	k := make([]byte, 0, len(s.prefix)+2+tagLen)
+	k = append(append(append(append(k, s.prefix...), '{'), c.ID.Tag[:]...), '}')
+	return string(k), string(b), nil
+}
+
+// fleetReply decodes fleet.lua's reply v (or error err) to call c.
+func fleetReply(c *fleet.Call, v any, err error) (fleet.Reply, error) {
 	if err != nil {
 		return fleet.Reply{}, fmt.Errorf("redisstore: fleet script: %w", err)
 	}
@@ -112,7 +159,7 @@ func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (f
 	}
 	r := fleet.Reply{Now: le64(raw), Granted: le64(raw[8:]), Servers: le64(raw[16:]),
 		State: window.State{Start: le64(raw[24:]), Prev: le64(raw[32:]), Curr: le64(raw[40:])}}
-	if l.Algorithm == window.FixedWindow {
+	if c.Limit.Algorithm == window.FixedWindow {
 		r.State.Prev = 0
 	}
 	return r, nil

@@ -18,9 +18,10 @@ var spareScript = redis.NewScript(spareSrc)
 // PublishSpare records that server has spare capacity spare (in [0, 1])
 // for ttl, and returns the fleet's spare capacity: the minimum over the
 // servers whose entries have not expired, this one included, and how many
-// they are. The entries live in one hash at "<prefix>{capacity}"; the zero
-// now means the Redis server's clock, so that expiries agree across app
-// servers.
+// they are. The entries live in two sorted sets, by spare and by expiry,
+// at "<prefix>{capacity}:spare" and "<prefix>{capacity}:expiry", so that a
+// call costs O(log servers) (spare.lua); the zero now means the Redis
+// server's clock, so that expiries agree across app servers.
 func (s *Store) PublishSpare(ctx context.Context, now time.Time, server string, spare float64, ttl time.Duration) (fleet float64, servers int, err error) {
 	if server == "" {
 		return 0, 0, errors.New("redisstore: empty server name")
@@ -35,7 +36,8 @@ func (s *Store) PublishSpare(ctx context.Context, now time.Time, server string, 
 	permille := int64(min(max(spare, 0), 1)*1000 + 0.5)
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	v, err := spareScript.Run(ctx, s.client, []string{s.prefix + "{capacity}"}, at, server, permille, ttl.Milliseconds()).Int64Slice()
+	keys := []string{s.prefix + "{capacity}:spare", s.prefix + "{capacity}:expiry"}
+	v, err := spareScript.Run(ctx, s.client, keys, at, server, permille, ttl.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, 0, err
 	}

@@ -264,8 +264,10 @@ type scratch struct {
 	// deadline is the deadline of every script run of a Take (zero for
 	// none), on top of its context's.
 	deadline time.Time
-	info     []counter
-	order    []int
+	// settle is set for a Settle: runs that charge charge whatever fits.
+	settle bool
+	info   []counter
+	order  []int
 }
 
 // field returns the field of the counter of charge i.
@@ -407,6 +409,13 @@ func checkCharge(i int, c *window.Charge) error {
 // take is Take that also returns the instant, in Unix milliseconds, at which
 // the script decided.
 func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, int64, error) {
+	return s.decide(ctx, now, charges, out, false)
+}
+
+// decide is take, or with settle the runs of Settle: every charge counted
+// whatever fits, one run per Key on a client that shards by key (nothing
+// is refused, so nothing is given back).
+func (s *Store) decide(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision, settle bool) (bool, int64, error) {
 	if len(out) != len(charges) {
 		return false, 0, fmt.Errorf("redisstore: %d decisions for %d charges", len(out), len(charges))
 	}
@@ -431,7 +440,7 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
-	sc.keys, sc.fields = sc.keys[:0], sc.fields[:0]
+	sc.keys, sc.fields, sc.settle = sc.keys[:0], sc.fields[:0], settle
 	for i := range charges {
 		c := &charges[i]
 		if i > 0 && c.Key == charges[i-1].Key {
@@ -467,6 +476,9 @@ func (s *Store) take(ctx context.Context, now time.Time, charges []window.Charge
 			sc.order = append(sc.order, i)
 		}
 		return s.run(ctx, sc, nowMs, true, charges, sc.order, out)
+	}
+	if settle {
+		return s.settleSplit(ctx, sc, nowMs, charges, out)
 	}
 	return s.takeSplit(ctx, parent, sc, nowMs, charges, out)
 }
@@ -535,9 +547,10 @@ func (s *Store) takeSplit(ctx, parent context.Context, sc *scratch, nowMs int64,
 // decision. nowMs is the instant to decide at, in Unix ms, or -1 for the
 // server's clock; charge is false for a dry run.
 func (s *Store) run(ctx context.Context, sc *scratch, nowMs int64, charge bool, charges []window.Charge, idx []int, out []window.Decision) (bool, int64, error) {
-	req := appendRequest(sc.req[:0], nowMs, charge)
+	mode := modeOf(charge, sc.settle)
+	req := appendRequestMode(sc.req[:0], nowMs, mode)
 	for _, i := range idx {
-		req = appendCharge(req, sc.field(i), &charges[i], nowMs)
+		req = appendChargeMode(req, sc.field(i), &charges[i], nowMs, mode)
 	}
 	sc.req = req
 	return s.send(ctx, sc, req, charge, charges, idx, out)
@@ -580,37 +593,67 @@ func (s *Store) send(ctx context.Context, sc *scratch, req []byte, charge bool, 
 	for k := 0; k < len(raw); k += 8 {
 		sc.ints = append(sc.ints, le64(raw[k:k+8]))
 	}
-	return parseReply(sc.ints, charge, charges, idx, out, sc.info)
+	return parseReplyMode(sc.ints, modeOf(charge, sc.settle), charges, idx, out, sc.info)
+}
+
+// The modes of a run, as decide.lua reads them.
+const (
+	modeDry    = 0 // decide, write nothing
+	modeCharge = 1 // charge if every charge fits
+	modeSettle = 2 // charge every charge, whatever fits
+)
+
+// modeOf is the mode of a run that charges (or not) for a Settle (or not).
+func modeOf(charge, settle bool) byte {
+	switch {
+	case !charge:
+		return modeDry
+	case settle:
+		return modeSettle
+	}
+	return modeCharge
 }
 
 // appendRequest appends to b the start of a request's argument to the
 // script (see decide.lua): the instant to decide at (nowMs, or -1 for the
 // server's clock) and whether to charge. appendCharge appends each charge.
 func appendRequest(b []byte, nowMs int64, charge bool) []byte {
+	return appendRequestMode(b, nowMs, modeOf(charge, false))
+}
+
+// appendRequestMode is appendRequest for a run of mode modeDry,
+// modeCharge or modeSettle.
+func appendRequestMode(b []byte, nowMs int64, mode byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(nowMs))
-	if charge {
-		return append(b, 1)
-	}
-	return append(b, 0)
+	return append(b, mode)
 }
 
 // appendCharge appends to b the part of a request's argument that
 // describes charge c, whose counter is field (see decide.lua). nowMs is
 // the instant to decide at, in Unix ms, or -1 for the server's clock.
 func appendCharge(b []byte, field []byte, c *window.Charge, nowMs int64) []byte {
+	return appendChargeMode(b, field, c, nowMs, modeCharge)
+}
+
+// appendChargeMode is appendCharge for a run of mode mode: a settle's cost
+// is sent whole, since it is charged whatever it is.
+func appendChargeMode(b []byte, field []byte, c *window.Charge, nowMs int64, mode byte) []byte {
 	b = append(b, field...)
-	code, b1 := packArgs(append(b, 0), c, nowMs)
+	code, b1 := packArgs(append(b, 0), c, nowMs, mode == modeSettle)
 	b1[len(b)] = code
 	return b1
 }
 
 // packArgs returns the code of charge c's algorithm (the character
 // decide.lua and refund.lua know it by, as codeSliding and the others) and
-// appends its numbers to buf, as 8-byte little-endian integers.
-func packArgs(buf []byte, c *window.Charge, nowMs int64) (byte, []byte) {
+// appends its numbers to buf, as 8-byte little-endian integers. The cost
+// of a settle is sent whole, up to 2^53.
+func packArgs(buf []byte, c *window.Charge, nowMs int64, settle bool) (byte, []byte) {
 	l := &c.Limit
 	cost := int64(c.Cost)
-	if capa := int64(l.Capacity()); cost > capa {
+	if settle {
+		cost = min(cost, 1<<53)
+	} else if capa := int64(l.Capacity()); cost > capa {
 		// Any cost above the capacity gives the same decision; this keeps
 		// the script's numbers small.
 		cost = capa + 1
@@ -662,6 +705,12 @@ func le64(s string) int64 {
 // or window.DescribeLog for a sliding log), with the costs counted if the
 // charges were admitted and charged.
 func parseReply(reply []int64, charged bool, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
+	return parseReplyMode(reply, modeOf(charged, false), charges, idx, out, info)
+}
+
+// parseReplyMode is parseReply for a run of mode mode: the decisions of a
+// settle describe the counters with their costs settled, whatever fit.
+func parseReplyMode(reply []int64, mode byte, charges []window.Charge, idx []int, out []window.Decision, info []counter) (bool, int64, error) {
 	if len(reply) != 2+fieldsPerCharge*len(idx) {
 		return false, 0, fmt.Errorf("redisstore: script returned %d values for %d charges", len(reply), len(idx))
 	}
@@ -695,9 +744,29 @@ func parseReply(reply []int64, charged bool, charges []window.Charge, idx []int,
 			}
 			info[i] = counter{rolled: rolled, stored: stored, storedExp: exp, at: max(now, rolled.Start)}
 		}
-		out[i] = describe(c, &info[i], charged && all == 1, allowed == 1)
+		if mode == modeSettle {
+			out[i] = describeSettled(c, &info[i])
+			continue
+		}
+		out[i] = describe(c, &info[i], mode == modeCharge && all == 1, allowed == 1)
 	}
 	return all == 1, now, nil
+}
+
+// describeSettled computes the Decision of charge c, settled, from what
+// the script read of its counter, as window.SettleAll describes it: the
+// counter with the cost charged whatever fit (window.Settle), as a read
+// finds it. A sliding log's summary comes with Retry1 of the charged log.
+func describeSettled(c *window.Charge, inf *counter) window.Decision {
+	cost := int64(c.Cost)
+	if c.Limit.Algorithm == window.SlidingLog {
+		sum := inf.sum
+		sum.Charge(inf.at, min(cost, window.MaxLogCount-sum.Count))
+		return window.DescribeLog(c.Limit, sum, inf.at, cost, true)
+	}
+	st := inf.rolled
+	window.Settle(&st, inf.at, c.Limit, cost)
+	return window.Describe(st, inf.at, c.Limit, cost, true)
 }
 
 // describe computes the Decision of charge c from what the script read of

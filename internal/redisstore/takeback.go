@@ -22,18 +22,27 @@ var (
 // server's clock, TIME, when now is the zero time), which Refund needs.
 // With an error, the instant means nothing.
 func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, time.Time, error) {
+	allowed, ms, err := s.decideBounded(ctx, now, charges, out, false)
+	if err != nil && ms == 0 {
+		return false, time.Time{}, err
+	}
+	return allowed, time.UnixMilli(ms), err
+}
+
+// decideBounded is decide, for a client of unknown type that may not
+// honour a context's deadline (detach) run on a goroutine of its own and
+// waited for only until the deadline.
+func (s *Store) decideBounded(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision, settle bool) (bool, int64, error) {
 	if !s.detach {
-		allowed, ms, err := s.take(ctx, now, charges, out)
-		return allowed, time.UnixMilli(ms), err
+		return s.decide(ctx, now, charges, out, settle)
 	}
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
 	if ctx.Done() == nil { // no deadline to keep
-		allowed, ms, err := s.take(ctx, now, charges, out)
-		return allowed, time.UnixMilli(ms), err
+		return s.decide(ctx, now, charges, out, settle)
 	}
 	// The goroutine may outlive this call, so it gets copies: the caller
-	// may reuse charges, their Keys and out once TakeAt returns.
+	// may reuse charges, their Keys and out once it returns.
 	call := &detachedCall{
 		charges: make([]window.Charge, len(charges)),
 		out:     make([]window.Decision, len(out)),
@@ -45,21 +54,22 @@ func (s *Store) TakeAt(ctx context.Context, now time.Time, charges []window.Char
 	}
 	go func() {
 		defer close(call.done)
-		call.allowed, call.ms, call.err = s.take(ctx, now, call.charges, call.out)
+		call.allowed, call.ms, call.err = s.decide(ctx, now, call.charges, call.out, settle)
 	}()
 	select {
 	case <-call.done:
 		copy(out, call.out)
-		return call.allowed, time.UnixMilli(call.ms), call.err
+		return call.allowed, call.ms, call.err
 	case <-ctx.Done():
-		return false, time.Time{}, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
+		return false, 0, fmt.Errorf("redisstore: no answer in time: %w", ctx.Err())
 	}
 }
 
 // Refund takes back the costs of charges admitted at at (see TakeAt) with
 // the script takeback.lua, the twin of window.Refund: off a sliding
 // window's count of the window that holds at, a fixed window's count if it
-// is still that window, a token bucket's level. One run per Key (a run
+// is still that window, a token bucket's level, a sliding log's entry of
+// the instant at. One run per Key (a run
 // touches one Redis Cluster slot). It returns an error, and takes nothing
 // back, if a charge has an invalid Limit, a negative Cost or an algorithm
 // that cannot be refunded (window.Refundable); a run that fails leaves its
@@ -109,6 +119,8 @@ func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charg
 				args = append(args, field, codeSliding, int64(c.Cost), l.Window.Milliseconds())
 			case l.Algorithm == window.TokenBucket:
 				args = append(args, field, codeToken, int64(c.Cost), l.Window.Milliseconds())
+			case l.Algorithm == window.SlidingLog:
+				args = append(args, field, codeLog, int64(c.Cost), l.Window.Milliseconds())
 			default: // a fixed window: the start of the window charged
 				ws, _ := l.Bounds(nowMs)
 				args = append(args, field, codeFixed, int64(c.Cost), ws)

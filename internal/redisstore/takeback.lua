@@ -11,19 +11,23 @@
 --   "1", "4" fixed      the start of the window that holds ARGV[1]
 --   "3" token bucket    the window in ms (a token is window / tick drops,
 --                       in the tick the level is stored in)
+--   "2" sliding log     the window in ms
 --
 -- A sliding window gives the cost back from the current count if the
 -- instant lies in its current window, from the previous count if it lies
 -- in the window before; a fixed window from its count if it is still in
--- the window charged; a token bucket from its level, whatever the time.
--- Counts and levels never go below 0, a fixed window or token bucket left
--- empty is deleted, and a counter that is absent, of another form, or has
--- moved on is left alone. Expiries are left as they are: a counter only
--- shrinks. Reply: the number of counters changed.
+-- the window charged; a token bucket from its level, whatever the time; a
+-- sliding log from the entry of the instant, if it still holds one (the
+-- entry goes when nothing is left of it).
+-- Counts and levels never go below 0, a fixed window, token bucket or log
+-- left empty is deleted, and a counter that is absent, of another form, or
+-- has moved on is left alone. Expiries are left as they are: a counter
+-- only shrinks (a log's expiry, the instant its newest entry leaves, is
+-- moved to its new newest entry). Reply: the number of counters changed.
 
 local at = tonumber(ARGV[1])
-local unpack, pack, byte = struct.unpack, struct.pack, string.byte
-local max = math.max
+local unpack, pack, byte, sub = struct.unpack, struct.pack, string.byte, string.sub
+local max, min = math.max, math.min
 
 local changed = 0
 local a = 2
@@ -67,6 +71,33 @@ for i = 1, #KEYS do
             redis.call('HDEL', key, field)
           else
             redis.call('HSET', key, field, pack('<Bi6i6i6d', 84, e, s, r, level))
+          end
+          changed = changed + 1
+        end
+      end
+    elseif code == '2' then
+      local len = #v
+      if len >= 21 and (len - 11) % 10 == 0 and byte(v, 1) == 76 then
+        -- The entry of the instant, searched from the newest.
+        local p = len - 9
+        while p >= 12 and unpack('<i6', v, p) > at do
+          p = p - 10
+        end
+        if p >= 12 and unpack('<i6', v, p) == at then
+          local _, m = unpack('<i6I4', v, p)
+          local _, _, count = unpack('<Bi6I4', v)
+          local n = min(m, cost)
+          local body
+          if m > n then
+            body = sub(v, 12, p - 1) .. pack('<i6I4', at, m - n) .. sub(v, p + 10)
+          else
+            body = sub(v, 12, p - 1) .. sub(v, p + 10)
+          end
+          if #body == 0 then
+            redis.call('HDEL', key, field)
+          else
+            local newest = unpack('<i6', body, #body - 9)
+            redis.call('HSET', key, field, pack('<Bi6I4', 76, newest + x, max(0, count - n)) .. body)
           end
           changed = changed + 1
         end

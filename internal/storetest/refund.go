@@ -89,6 +89,18 @@ var refundScenarios = []struct {
 		take(21*sec, ch("a", "r", tb(6, 2), 2), d(true, 0)),
 		take(22*sec, ch("a", "r", tb(6, 2), 1), d(false, 0)),
 	}},
+	{"SlidingLog", []refundStep{
+		take(0, ch("a", "r", sl(3), 2), d(true, 1)),
+		take(1*sec, ch("a", "r", sl(3), 1), d(true, 0)),
+		take(2*sec, ch("a", "r", sl(3), 1), d(false, 0)),
+		// Step 1's entry goes, then 2 units off step 0's.
+		back(3*sec, 1),
+		take(4*sec, ch("a", "r", sl(3), 1), d(true, 0)),
+		back(5*sec, 0),
+		take(6*sec, ch("a", "r", sl(3), 2), d(true, 0)),
+		back(7*sec, 6),
+		take(8*sec, ch("a", "r", sl(3), 2), d(true, 0)),
+	}},
 }
 
 // RunRefund checks that s takes back charges as window.Refund does, on a
@@ -139,7 +151,7 @@ func RunRefund(t *testing.T, newStore func(t *testing.T) Refunder) {
 	t.Run("Unrefundable", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
-		for _, l := range []window.Limit{sl(2), perMin(2).LeakyBucket(2, 0)} {
+		for _, l := range []window.Limit{perMin(2).LeakyBucket(2, 0)} {
 			if err := s.Refund(context.Background(), T0, []window.Charge{ch(unique(t), "r", l, 1)}); err == nil {
 				t.Errorf("Refund of a %s: no error", l.Algorithm)
 			}

@@ -572,7 +572,7 @@ func fmtDecisions(ds []window.Decision) string {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		fmt.Fprintf(&b, "{allowed=%v remaining=%d reset=%s retry=%s next=%s}", x.Allowed, x.Remaining, x.ResetAfter, x.RetryAfter, x.NextAfter)
+		fmt.Fprintf(&b, "{allowed=%v remaining=%d reset=%s retry=%s next=%s debt=%d}", x.Allowed, x.Remaining, x.ResetAfter, x.RetryAfter, x.NextAfter, x.Debt)
 	}
 	return b.String()
 }

@@ -25,6 +25,8 @@ func describeFixed(l Limit, s State, at, c int64, allowed bool) Decision {
 	d := Decision{Allowed: allowed}
 	if s.Curr < limit {
 		d.Remaining = int(limit - s.Curr)
+	} else {
+		d.Debt = int(s.Curr - limit)
 	}
 	if s.Curr > 0 {
 		d.ResetAfter = left

@@ -69,5 +69,9 @@ func (p lparams) describe(s State, at, c int64, allowed bool) Decision {
 // after it do not wait for it. Later requests keep the turns they were
 // given; the next one to join takes the place given back.
 func GiveBack(s *State, l Limit, c int64) {
-	s.Curr = max(s.Curr-c*tokenParams(l).w, 0)
+	if w := tokenParams(l).w; c < (s.Curr+w-1)/w {
+		s.Curr -= c * w
+	} else {
+		s.Curr = 0
+	}
 }

@@ -37,7 +37,9 @@ type LogSummary struct {
 	Oldest, Newest int64
 	// RetryC is the instant of the entry whose leaving lets the request's
 	// cost c fit, and Retry1 the same for a cost of 1; -1 when it fits
-	// already, or never will (c above the limit).
+	// already, or never will (c above the limit). Charge leaves them as
+	// they were: a summary charged with a settle that took the log past
+	// its limit needs Retry1 of the charged log (see SettleAll).
 	RetryC, Retry1 int64
 }
 
@@ -91,11 +93,16 @@ func DescribeLog(l Limit, s LogSummary, at, c int64, allowed bool) Decision {
 	d := Decision{Allowed: allowed}
 	if s.Count < limit {
 		d.Remaining = int(limit - s.Count)
+	} else {
+		d.Debt = int(s.Count - limit)
 	}
 	if s.Count > 0 {
 		d.ResetAfter = until(s.Newest)
 	}
 	switch {
+	case allowed && s.Count > limit:
+		// In debt after a settle: Remaining grows once one unit fits.
+		d.NextAfter = until(s.Retry1)
 	case allowed:
 		if s.Count > 0 {
 			d.NextAfter = until(s.Oldest)

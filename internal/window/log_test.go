@@ -178,7 +178,7 @@ func TestSlidingLogPlanChange(t *testing.T) {
 	// A read fits once 7 have left (the 7th, at t0+6s, leaves at t0+16s),
 	// one unit once 8 have (t0+17s); the newest leaves at t0+19s.
 	_, d, ok := take(small, s, t0+10*sec-1, 0)
-	want := Decision{Remaining: 0, ResetAfter: 9001 * ms, RetryAfter: 6001 * ms, NextAfter: 7001 * ms}
+	want := Decision{Remaining: 0, ResetAfter: 9001 * ms, RetryAfter: 6001 * ms, NextAfter: 7001 * ms, Debt: 7}
 	if ok || d != want {
 		t.Errorf("read under the smaller limit: %v %+v, want denied %+v", ok, d, want)
 	}

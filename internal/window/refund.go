@@ -16,9 +16,13 @@ package window
 //     count if the counter is still in the window that contains at.
 //   - Token bucket: c tokens go back into the bucket (GiveBack), whatever
 //     the time, since a token charged stays spent until it refills.
+//   - Sliding log: taken off the entry of the instant at, if the log
+//     still holds one (entries merge per millisecond, so it may hold the
+//     costs of other requests of that millisecond too); the entry goes
+//     when nothing is left of it. s.Log is changed in place.
 //
-// The sliding log and the leaky bucket are not refunded (Refundable); s
-// must be the counter as stored (not rolled), and s.Log is left alone.
+// The leaky bucket is not refunded (Refundable); s must be the counter as
+// stored (not rolled).
 func Refund(s *State, l Limit, at, c int64) bool {
 	if c <= 0 {
 		return false
@@ -54,15 +58,31 @@ func Refund(s *State, l Limit, at, c int64) bool {
 		}
 		GiveBack(s, l, c)
 		return true
+	case SlidingLog:
+		for i := len(s.Log) - 1; i >= 0; i-- {
+			e := &s.Log[i]
+			if e.At > at {
+				continue
+			}
+			if e.At < at {
+				return false
+			}
+			n := min(e.N, c)
+			s.Curr = max(s.Curr-n, 0)
+			if e.N -= n; e.N == 0 {
+				s.Log = append(s.Log[:i], s.Log[i+1:]...)
+			}
+			return true
+		}
 	}
 	return false
 }
 
 // Refundable reports whether Refund can take back charges of l: a sliding
-// window, a fixed window or a token bucket.
+// window, a fixed window, a token bucket or a sliding log.
 func Refundable(l Limit) bool {
 	switch l.Algorithm {
-	case SlidingWindow, FixedWindow, TokenBucket:
+	case SlidingWindow, FixedWindow, TokenBucket, SlidingLog:
 		return true
 	}
 	return false

@@ -11,8 +11,13 @@ import (
 // (the level falls) by rate = Requests drops per tick, which is Requests
 // tokens per Window. A request of cost c fits when level + c*w <= burst*w.
 // With Limit.Tick keeping 3 * (max(Requests, Burst) + 1) * w <= 2^53 and
-// the level capped at (burst + 1) * w, every value stays exact as a double
-// too, which the Lua twin relies on.
+// the level capped at 2 * (burst + 1) * w, every value stays exact as a double
+// too, which the Lua twin relies on. A level may exceed the capacity: a
+// settle charges usage whatever the level (a debt, see settle.go), and a
+// level charged under a larger burst is read under a smaller one. It is
+// capped at twice capacity + 1 tokens (most): a bucket owes at most one
+// capacity and a token, which it refills within one span more, and
+// level + c*w stays within 3 * (burst + 1) * w.
 
 // tparams are a token bucket in the units of its arithmetic.
 type tparams struct {
@@ -26,6 +31,9 @@ func tokenParams(l Limit) tparams {
 	r := l.Tick()
 	return tparams{rate: int64(l.Requests), burst: int64(l.Capacity()), r: r, w: l.Window.Milliseconds() / r}
 }
+
+// most is the highest level: 2 * (burst + 1) tokens, in drops.
+func (p tparams) most() int64 { return 2 * (p.burst + 1) * p.w }
 
 // empty is how many ticks a level takes to drain.
 func (p tparams) empty(level int64) int64 {
@@ -52,14 +60,14 @@ func rollToken(l Limit, s State, now int64) (State, int64) {
 		// dating it at the tick's start would refill, at the new rate,
 		// tokens the old limit still counted as spent.
 		oldW := max(l.Window.Milliseconds()/s.Prev, 1)
-		tokens := min((level+oldW-1)/oldW, p.burst+1)
+		tokens := min((level+oldW-1)/oldW, 2*(p.burst+1))
 		level = tokens * p.w
 		if base >= start {
 			start = min(start+s.Prev-1, base)
 		}
 		start -= start % p.r
 	}
-	level = min(level, (p.burst+1)*p.w)
+	level = min(level, p.most())
 	if base < start {
 		// The clock went backwards: decide at the level's instant.
 		return State{Start: start, Prev: p.r, Curr: level}, start
@@ -109,6 +117,8 @@ func (p tparams) describe(s State, at, c int64, allowed bool) Decision {
 	d := Decision{Allowed: allowed}
 	if free := p.burst*p.w - level; free > 0 {
 		d.Remaining = int(free / p.w)
+	} else {
+		d.Debt = debtOf(-free, p.w)
 	}
 	d.ResetAfter = p.ms(s, at, p.empty(level))
 	if allowed {

@@ -239,7 +239,7 @@ func TestTokenBucketCostAboveBurst(t *testing.T) {
 // TestTokenBucketTickChange: a plan change that changes the tick (a huge
 // limit, whose ticks are 360 ms, for one of 1000 per 3.6 s, whose ticks
 // are 1 ms) re-expresses the level in whole tokens, rounded up and capped
-// at burst + 1, as of the last instant the old limit's level holds: the
+// at 2 * (burst + 1), as of the last instant the old limit's level holds: the
 // new limit never counts as refilled what the old one counted as spent.
 func TestTokenBucketTickChange(t *testing.T) {
 	t.Parallel()
@@ -277,13 +277,13 @@ func TestTokenBucketTickChange(t *testing.T) {
 			// 25200 - 3000 drops: 6.17 tokens, 7 still short.
 			Decision{Allowed: true, Remaining: 993, ResetAfter: 23 * ms, NextAfter: ms},
 			State{Start: t0 + 362, Prev: 1, Curr: 22200}},
-		// More than the small burst: capped at 1001 tokens, one more than
-		// empty. Even a read is denied until the level is back within the
-		// burst, 3600 drops or 3.6 ms on; a token is back after two have
-		// refilled, 7.2 ms.
+		// More than the small burst: capped at 2002 tokens, twice the
+		// burst and a token (a debt of 1002). Even a read is denied until
+		// the level is back within the burst, 1002 tokens or 3607.2 ms
+		// on; a token is back after 1003 have refilled, 3610.8 ms.
 		{"above the new burst", hugeBucket, t0 + 100, 5000, small, t0 + 100,
-			Decision{Remaining: 0, ResetAfter: 3604 * ms, RetryAfter: 4 * ms, NextAfter: 8 * ms},
-			State{Start: t0 + 100, Prev: 1, Curr: 1001 * 3600}},
+			Decision{Remaining: 0, ResetAfter: 7208 * ms, RetryAfter: 3608 * ms, NextAfter: 3611 * ms, Debt: 1002},
+			State{Start: t0 + 100, Prev: 1, Curr: 2002 * 3600}},
 		// From 1 ms ticks to 360 ms ticks: 999 tokens of 10 drops, at the
 		// start of the 360 ms tick, refilled a tick later.
 		{"to coarser ticks", small, t0 + 100, 999, hugeBucket, t0 + 200,
@@ -323,7 +323,7 @@ func TestTokenBucketTickChange(t *testing.T) {
 // TestTokenBucketPlanChanges drives a client through random plan changes
 // among buckets of one window with ticks of 1, 180, 360 and 1800 ms: at a
 // change within the old level's tick, the new limit counts exactly the
-// tokens the old one counted as spent (up to its burst + 1), and the
+// tokens the old one counted as spent (up to twice its burst + 1), and the
 // decisions after the change keep every promise.
 func TestTokenBucketPlanChanges(t *testing.T) {
 	t.Parallel()

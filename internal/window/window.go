@@ -50,13 +50,22 @@
 // pushing at a steady rate gets the whole limit in every window, the last
 // unit in the window's last tick, rather than one less.
 //
-// The counts used by the estimate are capped at limit + 1, which keeps the
-// arithmetic exact when a counter filled under a larger limit (a plan that
-// changed) is read under a smaller one. Counts within the limit are never
-// touched, and a current count above it denies every request whatever its
-// value; a previous count above it weighs as limit + 1, so after a plan is
-// lowered the client gets back in a little sooner in the next window than
-// its full previous count would allow.
+// # Counts above the limit
+//
+// A count may exceed the limit: a settle (Settle) charges the usage of an
+// admitted request whether it fits or not, a plan may have been lowered
+// since the counter was filled, and the coordination modes of package
+// fleet admit within a stated bound. Such counts weigh in full: a current
+// count above the limit denies every request until its window ends, and a
+// previous one weighs (W - 1 - e) / W of its whole value, so a client that
+// owes D units past its limit at the end of a window gets its next request
+// of cost c in the next window at the first tick where
+// (limit + D) * (W - 1 - e) / W + c <= limit: a debt is waited off within
+// the next window, the horizon of the estimate, and later the whole limit
+// is there again. The arithmetic stays exact whatever the counts (below
+// MaxCount): a previous count above limit + 1 is compared by division,
+// prev <= (limit - curr - c) * W / (W - 1 - e), rather than by its
+// product, and descriptions of such states use 128-bit products.
 package window
 
 import (
@@ -434,6 +443,11 @@ type Decision struct {
 	// Delay is, for an allowed request of a LeakyBucket, how long it must
 	// wait for its turn before it proceeds; zero otherwise.
 	Delay time.Duration
+	// Debt is how many units the counter is past its limit, rounded up:
+	// what settles (Settle) charged beyond it, or what a lowered plan left
+	// above it. A limit in debt has Remaining 0 and admits no request
+	// until the debt is waited off.
+	Debt int
 }
 
 // State is a counter. What its fields hold depends on the algorithm:
@@ -506,26 +520,36 @@ func paramsOf(l *Limit) params {
 }
 
 // pos is where an instant lies in a rolled state: e whole ticks and sub ms
-// into the current window, with the counts capped at limit + 1.
+// into the current window, and the counts.
 type pos struct {
 	e, sub, prev, curr int64
 }
 
 func (p params) pos(s State, at int64) pos {
-	x := pos{e: at - s.Start, prev: min(s.Prev, p.limit+1), curr: min(s.Curr, p.limit+1)}
+	x := pos{e: at - s.Start, prev: s.Prev, curr: s.Curr}
 	if p.r != 1 {
 		x.e, x.sub = x.e/p.r, x.e%p.r
 	}
 	return x
 }
 
-// fits reports whether cost c fits at x.
+// fits reports whether cost c fits at x: whether
+// prev*(w-1-e) + (curr+c)*w <= limit*w, computed exactly whatever the
+// counts (see the package doc).
 func (p params) fits(x pos, c int64) bool {
-	if c > p.limit {
-		return false // also keeps (curr+c)*w exact
+	if c > p.limit || x.curr > p.limit-c {
+		return false // also keeps (limit-curr-c)*w exact
 	}
-	return x.prev*(p.w-1-x.e)+(x.curr+c)*p.w <= p.limit*p.w
+	k, a := p.w-1-x.e, (p.limit-x.curr-c)*p.w
+	if x.prev <= p.limit+1 {
+		return x.prev*k <= a // below 3 * (limit+1) * w: exact
+	}
+	return k == 0 || x.prev <= a/k
 }
+
+// small reports whether the counts at x are at most limit + 1, which
+// keeps every product of describe below 3 * (limit + 1) * w.
+func (p *params) small(x *pos) bool { return x.prev <= p.limit+1 && x.curr <= p.limit+1 }
 
 func (p params) describe(x pos, c int64, allowed bool) Decision {
 	var d Decision
@@ -535,10 +559,17 @@ func (p params) describe(x pos, c int64, allowed bool) Decision {
 
 // describeTo is describe writing to *d, every field of which it sets.
 func (p *params) describeTo(d *Decision, x *pos, c int64, allowed bool) {
+	if !p.small(x) {
+		p.describeLarge(d, x, c, allowed)
+		return
+	}
 	free := p.limit*p.w - (x.prev*(p.w-1-x.e) + x.curr*p.w)
 	var rem, reset, next, retry time.Duration
+	var debt int
 	if free > 0 {
 		rem = time.Duration(free / p.w)
+	} else if free < 0 {
+		debt = int((-free + p.w - 1) / p.w)
 	}
 	switch {
 	case x.curr > 0:
@@ -552,7 +583,7 @@ func (p *params) describeTo(d *Decision, x *pos, c int64, allowed bool) {
 		retry = p.ms(*x, p.retry(*x, c))
 		next = p.ms(*x, p.retry(*x, 1))
 	}
-	*d = Decision{Allowed: allowed, Remaining: int(rem), ResetAfter: reset, RetryAfter: retry, NextAfter: next}
+	*d = Decision{Allowed: allowed, Remaining: int(rem), ResetAfter: reset, RetryAfter: retry, NextAfter: next, Debt: debt}
 }
 
 // ms converts a delay of d ticks from x to milliseconds: to the start of

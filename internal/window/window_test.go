@@ -221,7 +221,8 @@ func TestTakeTable(t *testing.T) {
 			State{Start: s0, Prev: 10, Curr: 1}},
 		{"only previous, denied", State{Start: s0, Prev: 10, Curr: 5}, s0 + 200, 1, false,
 			// 10*(799-d) + 6000 <= 10000 -> d = 399
-			Decision{Remaining: 0, ResetAfter: 1799 * time.Millisecond, RetryAfter: 399 * time.Millisecond, NextAfter: 399 * time.Millisecond},
+			// The estimate, 12.99, is 3 units (rounded up) past the limit.
+			Decision{Remaining: 0, ResetAfter: 1799 * time.Millisecond, RetryAfter: 399 * time.Millisecond, NextAfter: 399 * time.Millisecond, Debt: 3},
 			State{Start: s0, Prev: 10, Curr: 5}},
 		{"denied cost 5 but one unit fits", State{Start: s0, Prev: 10, Curr: 2}, s0 + 500, 5, false,
 			// 10*499 + 7000 > 10000; 10*499 + 3000 <= 10000, 3 left;
@@ -236,10 +237,21 @@ func TestTakeTable(t *testing.T) {
 			Decision{Allowed: true, Remaining: 10},
 			State{Start: s0}},
 		{"count above the limit (plan changed)", State{Start: s0, Prev: 1e9, Curr: 1e9}, s0 + 10, 1, false,
-			// capped at 11: next window y in: 11*(999-y) + 1000 <= 10000
-			// -> y >= 181
-			Decision{Remaining: 0, ResetAfter: 1989 * time.Millisecond, RetryAfter: 1171 * time.Millisecond, NextAfter: 1171 * time.Millisecond},
+			// Counts weigh in full: next window y in:
+			// 1e9*(999-y) + 1000 <= 10000 -> y = 999, its last tick.
+			Decision{Remaining: 0, ResetAfter: 1989 * time.Millisecond, RetryAfter: 1989 * time.Millisecond, NextAfter: 1989 * time.Millisecond, Debt: 1988999990},
 			State{Start: s0, Prev: 1e9, Curr: 1e9}},
+		{"a debt in the previous window", State{Start: s0 - sec, Curr: 30}, s0 + 500, 1, false,
+			// 30*499/1000 = 14.97: 5 past the limit; one unit fits once
+			// 30*(499-d) <= 9000: d = 199.
+			Decision{Remaining: 0, ResetAfter: 499 * time.Millisecond, RetryAfter: 199 * time.Millisecond, NextAfter: 199 * time.Millisecond, Debt: 5},
+			State{Start: s0, Prev: 30}},
+		{"a debt in the previous window, at its last tick", State{Start: s0 - sec, Curr: 1e9}, s0 + 999, 10, true,
+			// The previous count weighs 0 in the window's last tick,
+			// whatever its size: the whole limit is there. NextAfter: the
+			// next window, y in: 10*(999-y) <= 9000 -> y = 99, 1 + 99 ms.
+			Decision{Allowed: true, Remaining: 0, ResetAfter: 1000 * time.Millisecond, NextAfter: 100 * time.Millisecond},
+			State{Start: s0, Prev: 1e9, Curr: 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

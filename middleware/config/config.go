@@ -63,6 +63,10 @@ type Document struct {
 	// a file of rules.
 	Domain string
 
+	// Usage reports that a descriptor of the file has usage: true (see
+	// DescriptorMatch.Usage).
+	Usage bool
+
 	sum         [sha256.Size]byte // of the file's contents
 	headersLine int               // line of the headers field, 0 if none
 }

@@ -199,7 +199,7 @@ rules.yaml:1: rules: required`,
 		{
 			name: "limits missing",
 			in:   "rules: [{name: a, key: ip}]",
-			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit",
+			want: "rules.yaml:1: rules[0].limits: required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit or usage limits",
 		},
 		{
 			name: "limits empty",

@@ -31,7 +31,7 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope", "usage"}
 	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
@@ -251,6 +251,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			r.Priority, _ = d.priority(v, fpath)
 		case "count":
 			r.Count = d.count(v, fpath)
+		case "usage": // usage.go
+			r.Usage = d.usage(v, fpath)
 		case "scope":
 			d.scopeField(&sc, v, fpath)
 		}
@@ -270,8 +272,8 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 	if keyNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
 		d.errorf(n, path+".key", "required")
 	}
-	if limitsNode == nil && concNode == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
-		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit")
+	if limitsNode == nil && concNode == nil && r.Usage == nil && d.ok(start) && !overloadOnly(&r, limitsNode, concNode, plansNode) {
+		d.errorf(n, path+".limits", "required (the limits of the default plan when the rule has plans), unless the rule has a concurrency limit or usage limits")
 	}
 	if plansNode != nil && limitsNode == nil && d.ok(start) {
 		d.errorf(plansNode, path+".plans", "needs limits, the default plan's")

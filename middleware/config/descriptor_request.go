@@ -60,6 +60,13 @@ type DescriptorMatch struct {
 	Unlimited bool
 	// Shadow reports shadow_mode: true.
 	Shadow bool
+	// Usage reports usage: true: a descriptor whose hits are a usage
+	// reported after the fact, as Envoy's rate limit filter sends it at the
+	// end of a stream (apply_on_stream_done). A call with hits_addend 0
+	// checks it (OVER_LIMIT only once the budget is spent); any other is
+	// charged whatever the counter holds (middleware.Limiter.Charge),
+	// which may leave a debt, and is answered OK.
+	Usage bool
 }
 
 // Matched returns the rule of the file that applied to the descriptor

@@ -19,7 +19,7 @@ import (
 // The fields of the mappings of an Envoy/Lyft-style descriptor file.
 var (
 	descRootFields  = []string{"domain", "descriptors", "headers", "unmatched"}
-	descFields      = []string{"key", "value", "rate_limit", "shadow_mode", "detailed_metric", "descriptors"}
+	descFields      = []string{"key", "value", "rate_limit", "shadow_mode", "usage", "detailed_metric", "descriptors"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces"}
 )
 
@@ -101,6 +101,7 @@ type descNode struct {
 	rateLimit, children   *yaml.Node
 	path, key, value      string
 	hasValue, shadow      bool
+	usage                 bool // usage: true, see DescriptorMatch.Usage
 	attr                  *attribute
 }
 
@@ -113,6 +114,7 @@ type descBuild struct {
 	replaces map[int][]*yaml.Node // index -> its replaces names' nodes
 	matches  []func(keyfunc.Request) bool
 	attrs    map[string]*attribute // by descriptor key
+	usage    bool                  // a descriptor has usage: true
 }
 
 // descriptorRoot decodes an Envoy/Lyft-style descriptor file into cfg.
@@ -155,7 +157,7 @@ func (d *decoder) descriptorRoot(n *yaml.Node, cfg *Document) {
 		d.errorf(list, "descriptors", "no descriptor sets a rate_limit")
 		return
 	}
-	cfg.Rules = b.rules
+	cfg.Rules, cfg.Usage = b.rules, b.usage
 }
 
 // descriptors decodes a list of descriptors below the levels parent.
@@ -266,6 +268,8 @@ func (d *decoder) descriptor(n *yaml.Node, p string, b *descBuild) *descNode {
 			dn.rateLimit = v
 		case "shadow_mode":
 			dn.shadow, _ = d.bool(v, fpath)
+		case "usage":
+			dn.usage, _ = d.bool(v, fpath)
 		case "detailed_metric":
 			d.bool(v, fpath) // accepted for compatibility; metrics are per rule
 		case "descriptors":
@@ -390,6 +394,17 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 			return
 		}
 	}
+	if dn.usage {
+		switch {
+		case !d.env.RateLimitService:
+			d.errorf(dn.n, dn.path+".usage", "applies to the rate limit service only (Env.RateLimitService), whose calls report usage")
+		case unlimited || requests == 0:
+			d.errorf(dn.n, dn.path+".usage", "needs a rate_limit with requests_per_unit, the budget the usage is charged to")
+		}
+		if !d.ok(start) {
+			return
+		}
+	}
 	if nameNode != nil {
 		if b.names[name] {
 			d.errorf(nameNode, dn.path+".rate_limit.name", "%q used twice", name)
@@ -424,7 +439,8 @@ func (d *decoder) descriptorRule(dn *descNode, steps []*descStep, b *descBuild) 
 	r := middleware.Rule{Name: name, Key: key, Match: match, Shadow: dn.shadow}
 	if d.env.RateLimitService {
 		m := DescriptorMatch{Rule: name, Limit: middleware.Limit{Requests: requests, Window: unit, Algorithm: middleware.FixedWindow},
-			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow}
+			Unlimited: dn.rateLimit != nil && unlimited, Shadow: dn.shadow, Usage: dn.usage}
+		b.usage = b.usage || dn.usage
 		if unlimited {
 			m.Limit = middleware.Limit{}
 		}

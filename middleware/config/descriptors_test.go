@@ -227,6 +227,8 @@ func TestDescriptorErrors(t *testing.T) {
 			`rules.yaml:4: descriptors[0].ratelimit: unknown field`},
 		{"domain: a\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 			`rules.yaml:3: descriptors[0].key: user needs Env.User`},
+		{"domain: a\ndescriptors:\n  - key: method\n    usage: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			`rules.yaml:3: descriptors[0].usage: applies to the rate limit service only`},
 	} {
 		_, err := config.Parse([]byte(tc.src), "rules.yaml", config.Env{})
 		var e *config.Error
@@ -278,6 +280,25 @@ rules:
 	} {
 		if _, err := config.Parse([]byte(tc.src), "rules.yaml", config.Env{}); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("%q:\n got  %v\n want %s...", tc.src, err, tc.want)
+		}
+	}
+}
+
+// TestDescriptorUsage: usage: true marks a budget of the rate limit
+// service charged after the fact, and needs a limit to charge.
+func TestDescriptorUsage(t *testing.T) {
+	t.Parallel()
+	env := config.Env{RateLimitService: true}
+	cfg, err := config.Parse([]byte("domain: llm\ndescriptors:\n  - key: api_key\n    usage: true\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"), "rls.yaml", env)
+	if err != nil || !cfg.Usage {
+		t.Fatalf("usage descriptor: %v, Usage %v", err, cfg != nil && cfg.Usage)
+	}
+	for _, src := range []string{
+		"domain: llm\ndescriptors:\n  - key: api_key\n    usage: true\n    rate_limit: {unlimited: true}\n",
+		"domain: llm\ndescriptors:\n  - key: api_key\n    usage: true\n    rate_limit: {unit: minute, requests_per_unit: 0}\n",
+	} {
+		if _, err := config.Parse([]byte(src), "rls.yaml", env); err == nil || !strings.Contains(err.Error(), "descriptors[0].usage: needs a rate_limit with requests_per_unit") {
+			t.Errorf("%q: %v", src, err)
 		}
 	}
 }

@@ -56,6 +56,10 @@
 //	sluice.region.sync.errors      Int64Counter                  {sync}     peer           sluice_region_sync_errors_total
 //	sluice.region.peer.unreachable Int64UpDownCounter            {region}   peer           sluice_region_peer_unreachable
 //	sluice.region.dropped          Int64Counter                  {counter}                 sluice_region_dropped_total
+//	sluice.usage.settled           Int64Counter                  {unit}     rule, policy   sluice_usage_settled_total
+//	sluice.usage.refunded          Int64Counter                  {unit}     rule, policy   sluice_usage_refunded_total
+//	sluice.usage.debt              Int64Histogram                {unit}     rule, policy   sluice_usage_debt
+//	sluice.usage.settle_errors     Int64Counter                  {settle}   rule           sluice_usage_settle_errors_total
 //	sluice.outbound.waits          Int64Counter                  {request}  rule           sluice_outbound_waits_total
 //	sluice.outbound.wait           Float64Histogram              s                         sluice_outbound_wait_seconds
 //	sluice.outbound.gave_up        Int64Counter                  {request}  rule           sluice_outbound_gave_up_total
@@ -156,6 +160,10 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDropped,
+	UsageSettled,
+	UsageRefunded,
+	UsageDebt,
+	UsageErrors,
 	OutboundWaits,
 	OutboundWait,
 	OutboundGaveUp,
@@ -274,6 +282,7 @@ type Metrics struct {
 	sync     syncInstruments     // sync.go
 	clients  clientInstruments   // clients.go
 	region   regionInstruments   // region.go
+	usage    usageInstruments    // usage.go
 	outbound outboundInstruments // outbound.go
 }
 
@@ -370,6 +379,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	check(m.initSync(meter))
 	check(m.initClients(meter))
 	check(m.initRegion(meter))
+	check(m.initUsage(meter))
 	check(m.initOutbound(meter))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)

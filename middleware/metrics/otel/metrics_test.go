@@ -76,6 +76,11 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]float64 {
 				for _, p := range d.DataPoints {
 					got[key(md.Name+"_count", p.Attributes)] = float64(p.Count)
 				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					got[key(md.Name+"_count", p.Attributes)] = float64(p.Count)
+					got[key(md.Name+"_sum", p.Attributes)] = float64(p.Sum)
+				}
 			default:
 				t.Fatalf("%s: unexpected data %T", md.Name, md.Data)
 			}
@@ -367,6 +372,7 @@ func TestMetricNames(t *testing.T) {
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
 	regionEvents(m)
+	usageEvents(m)
 	outboundEvents(m)
 
 	var rm metricdata.ResourceMetrics

@@ -142,7 +142,7 @@ func checkExported(t *testing.T, where, name string) {
 		return
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok && (base == sluiceprom.StoreCallDuration || base == sluiceprom.StoreBatchSize || base == sluiceprom.SyncFlushDuration || base == sluiceprom.RegionPeerLag || base == sluiceprom.OutboundWaitSeconds) {
+		if base, ok := strings.CutSuffix(name, suffix); ok && (base == sluiceprom.StoreCallDuration || base == sluiceprom.StoreBatchSize || base == sluiceprom.SyncFlushDuration || base == sluiceprom.RegionPeerLag || base == sluiceprom.OutboundWaitSeconds || base == sluiceprom.UsageDebt) {
 			return
 		}
 	}

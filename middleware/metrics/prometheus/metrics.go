@@ -46,6 +46,10 @@
 //	sluice_region_sync_errors_total{peer}  counter    failed syncs to a peer region
 //	sluice_region_peer_unreachable{peer}   gauge      1 while a peer counts as its share
 //	sluice_region_dropped_total            counter    global counters not synced (too many)
+//	sluice_usage_settled_total{rule,policy}         counter    usage charged after the fact, beyond estimates
+//	sluice_usage_refunded_total{rule,policy}        counter    estimates given back when requests used less
+//	sluice_usage_debt{rule,policy}                  histogram  debt a settle left, in units past the limit
+//	sluice_usage_settle_errors_total{rule}          counter    settles the store failed to count
 //	sluice_outbound_waits_total{rule}      counter    outgoing requests that waited for their turn
 //	sluice_outbound_wait_seconds           histogram  how long outgoing requests waited
 //	sluice_outbound_gave_up_total{rule}    counter    outgoing requests that could not fit in time, not sent
@@ -130,6 +134,10 @@ var MetricNames = []string{
 	RegionSyncErrors,
 	RegionPeerUnreachable,
 	RegionDroppedTotal,
+	UsageSettledTotal,
+	UsageRefundedTotal,
+	UsageDebt,
+	UsageErrorsTotal,
 	OutboundWaitsTotal,
 	OutboundWaitSeconds,
 	OutboundGaveUpTotal,
@@ -232,6 +240,7 @@ type Metrics struct {
 	sync     syncMetrics     // sync.go
 	clients  clientMetrics   // clients.go
 	region   regionMetrics   // region.go
+	usage    usageMetrics    // usage.go
 	outbound outboundMetrics // outbound.go
 }
 
@@ -324,6 +333,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.sync = newSyncMetrics(cl)
 	m.clients = newClientMetrics(cl)
 	m.region = newRegionMetrics(cl)
+	m.usage = newUsageMetrics(cl)
 	m.outbound = newOutboundMetrics(cl)
 	m.rules = labelcap.New(m.max, OtherLabel, func(label string) *ruleSeries { return &ruleSeries{label: label} })
 	if reg != nil {
@@ -465,6 +475,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	cs = append(cs, m.capacity.collectors()...)
 	cs = append(cs, m.sync.collectors()...)
 	cs = append(cs, m.clients.collectors()...)
+	cs = append(cs, m.usage.collectors()...)
 	cs = append(cs, m.region.collectors()...)
 	return append(cs, m.outbound.collectors()...)
 }

@@ -546,6 +546,7 @@ func TestMetricNames(t *testing.T) {
 	m.BanStarted("api", time.Hour)
 	m.ClientState(1, 2)
 	regionEvents(m)
+	usageEvents(m)
 	outboundEvents(m)
 
 	mfs, err := reg.Gather()
