@@ -95,6 +95,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		l.chargeShadow(ctx, now, r, s, res)
 	}
 	l.outcome(s, res, &d)
+	if res.settle != nil {
+		res.settle.ctx = ctx
+	}
 	return nil
 }
 

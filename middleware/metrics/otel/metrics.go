@@ -82,9 +82,13 @@
 // sluice.cost (what the request was charged under the binding limit) when
 // a limit applied; and sluice.retry_after, in seconds, when the request
 // was denied (-1 when no wait would help). The client's key is never
-// recorded. Without a recording span (no TracerProvider, or a span not
-// sampled) the events cost one look-up in the context and allocate
-// nothing. WithSpanEvents(false) turns them off.
+// recorded. A request with usage limits (middleware.Usage) that settles
+// what it used gets the event "sluice.settle" too, with sluice.rule,
+// sluice.policy, sluice.settled_cost (what it used in all), sluice.charged
+// (the difference charged, negative when given back) and sluice.debt.
+// Without a recording span (no TracerProvider, or a span not sampled)
+// the events cost one look-up in the context and allocate nothing.
+// WithSpanEvents(false) turns them off.
 package sluiceotel
 
 import (
