@@ -42,9 +42,10 @@ const DefaultTopPublish = 5 * time.Second
 // TopList).
 //
 // With a store shared by a fleet (Redis), each app server publishes its
-// summaries every Publish (one small write per rule that had clients in
-// the last hour and changed since, kept for TTL), and TopClients merges
-// those of every live server.
+// summaries every Publish (one small write per rule whose summaries
+// changed, kept for TTL; an idle server writes nothing), and TopClients
+// merges those of every server whose last write can hold clients of the
+// period: written in the last 70 s for the minute, 70 min for the hour.
 type TopConfig struct {
 	// Off turns tracking off: nothing is noted per request, and
 	// TopClients and Rates return ErrTopOff.
@@ -56,8 +57,9 @@ type TopConfig struct {
 	// host name and a random suffix.
 	Server string
 	// Publish is how often the summaries are published to a shared
-	// store (0 means DefaultTopPublish), and TTL how long a server's
-	// stay there after its last write (0 means 3 × Publish).
+	// store, if they changed (0 means DefaultTopPublish), and TTL how long
+	// a server's stay there after its last write (0 means 80 minutes: the
+	// hour's period and a bucket).
 	Publish, TTL time.Duration
 }
 

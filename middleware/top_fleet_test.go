@@ -85,16 +85,37 @@ func TestTopClientsFleet(t *testing.T) {
 		}
 	}
 
-	// app2 stops; past the TTL, the others no longer merge it.
+	// app2 stops. Two minutes later its last write is too old for the
+	// minute, not for the hour; past the TTL, it is gone.
 	lims[2].Close()
-	clk.Add(3 * time.Hour)
-	for _, lim := range lims[:2] {
+	one := func(lim *Limiter) {
+		t.Helper()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = "10.1.9.9:1"
+		lim.Handler(ok).ServeHTTP(httptest.NewRecorder(), req)
 		if err := lim.top.t.Publish(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l, err := lims[0].TopClients(ctx, "api", TopCharged, TopHour, 0)
-	if err != nil || l.Servers != 2 || len(l.ServerNames) != 2 || l.ServerNames[1] != "app1" {
-		t.Fatalf("after app2 stopped: %d servers %v, %v", l.Servers, l.ServerNames, err)
+	servers := func(p TopPeriod) (int, []string, time.Duration) {
+		t.Helper()
+		l, err := lims[0].TopClients(ctx, "api", TopCharged, p, 0)
+		if err != nil || l.FleetErr != nil {
+			t.Fatal(err, l.FleetErr)
+		}
+		return l.Servers, l.ServerNames, l.Lag
+	}
+	clk.Add(2 * time.Minute)
+	one(lims[1])
+	if n, names, _ := servers(TopMinute); n != 2 || names[1] != "app1" {
+		t.Errorf("minute, app2 idle for 2 min: %d servers %v, want app0 and app1", n, names)
+	}
+	if n, _, lag := servers(TopHour); n != 3 || lag != 2*time.Minute {
+		t.Errorf("hour, app2 idle for 2 min: %d servers, lag %s; want 3 and 2m", n, lag)
+	}
+	clk.Add(3 * time.Hour)
+	one(lims[1])
+	if n, names, _ := servers(TopHour); n != 2 || names[1] != "app1" {
+		t.Errorf("hour, app2 gone 3 h: %d servers %v, want app0 and app1", n, names)
 	}
 }

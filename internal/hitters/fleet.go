@@ -34,10 +34,11 @@ type FleetConfig struct {
 	Backend Backend
 	// Server names this server among the fleet's (unique).
 	Server string
-	// Every is how often each rule's summaries are published (one write
-	// per rule); TTL how long a server's stay after its last write (3 ×
-	// Every if 0). A server that stopped publishing is no longer merged
-	// after TTL.
+	// Every is how often each rule's summaries are published, if they
+	// changed (one write per rule); TTL how long a server's stay after its
+	// last write (DefaultTTL if 0). Readers merge a server's summary of a
+	// period only while it can hold clients of the period: for 70 s after
+	// its last write for the minute, 70 min for the hour.
 	Every, TTL time.Duration
 	// Timeout bounds each write (Every if 0).
 	Timeout time.Duration
@@ -52,10 +53,20 @@ type pubState struct {
 // payloadVersion is the first byte of a payload.
 const payloadVersion = 1
 
+// DefaultTTL is how long a server's summaries are kept after its last
+// write unless FleetConfig.TTL says: the hour's period and a bucket.
+const DefaultTTL = 80 * time.Minute
+
+// periodLength is how far back a period reaches: its buckets and the
+// current one.
+func periodLength(p Period) time.Duration {
+	return time.Duration((periodBuckets+1)*periodSpan[p]) * time.Millisecond
+}
+
 func (t *Tracker) startFleet() {
 	f := t.cfg.Fleet
 	if f.TTL <= 0 {
-		f.TTL = 3 * f.Every
+		f.TTL = DefaultTTL
 	}
 	if f.Timeout <= 0 {
 		f.Timeout = f.Every
@@ -76,11 +87,11 @@ func (t *Tracker) startFleet() {
 	}()
 }
 
-// Publish writes the summaries of every rule that has any to the backend
-// now (the publisher does it every FleetConfig.Every), and returns the
-// first error. A rule without clients in the last hour is not written
-// (its last write expires), nor is one whose summaries did not change
-// since they were written less than half the TTL ago.
+// Publish writes the summaries of every rule whose summaries changed since
+// they were last written to the backend now (the publisher does it every
+// FleetConfig.Every), and returns the first error. A rule without clients
+// in the last hour is not written. An idle server writes nothing: its
+// last writes stand, and readers tell their age.
 func (t *Tracker) Publish(ctx context.Context) error {
 	f := t.cfg.Fleet
 	if f == nil {
@@ -95,7 +106,7 @@ func (t *Tracker) Publish(ctx context.Context) error {
 	}
 	writes := map[string]write{}
 	for name, rs := range t.rules {
-		if rs.k == 0 || rs.counted == rs.published && now-rs.publishedAt < f.TTL.Milliseconds()/2 {
+		if rs.k == 0 || rs.counted == rs.published {
 			continue
 		}
 		var views [int(numKinds) * int(numPeriods)]topk.View
@@ -139,7 +150,7 @@ func (t *Tracker) Publish(ctx context.Context) error {
 	t.mu.Lock()
 	for name, w := range done {
 		if t.rules[name] == w.rs {
-			w.rs.published, w.rs.publishedAt = w.counted, now
+			w.rs.published = w.counted
 		}
 	}
 	if first == nil {
@@ -221,7 +232,9 @@ func (t *Tracker) Fleet(ctx context.Context, rule string, kind Kind, p Period) (
 	}
 	views := []topk.View{local.View}
 	for _, pub := range pubs {
-		if pub.Server == f.Server {
+		if pub.Server == f.Server || pub.Age > periodLength(p) {
+			// This server's own is taken fresh; one older than the
+			// period holds none of its clients.
 			continue
 		}
 		v, dropped, err := readPayload(pub.Payload, kind, p)

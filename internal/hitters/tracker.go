@@ -99,10 +99,9 @@ type ruleState struct {
 	k       int
 	windows [numKinds]*topk.Window // both periods
 	rates   *Series
-	// counted counts the events drained into the summaries; published is
-	// counted at the last publish, and publishedAt its instant (ms).
+	// counted counts the events drained into the summaries, and
+	// published what it was at the last publish.
 	counted, published uint64
-	publishedAt        int64
 }
 
 // New returns a Tracker and starts its drainer (and, with cfg.Fleet, its

@@ -201,6 +201,7 @@ type memBackend struct {
 	m      map[string]map[string][]byte
 	fail   bool
 	writes int
+	ages   map[string]time.Duration // by server; 1 s if not set
 }
 
 func (b *memBackend) Publish(_ context.Context, rule, server string, payload []byte, _ time.Duration) error {
@@ -228,7 +229,11 @@ func (b *memBackend) Collect(_ context.Context, rule string, _ time.Duration) ([
 	}
 	var out []Published
 	for s, p := range b.m[rule] {
-		out = append(out, Published{Server: s, Payload: p, Age: time.Second})
+		age, ok := b.ages[s]
+		if !ok {
+			age = time.Second
+		}
+		out = append(out, Published{Server: s, Payload: p, Age: age})
 	}
 	return out, nil
 }
@@ -279,6 +284,18 @@ func TestFleetMerge(t *testing.T) {
 		t.Errorf("a publish of unchanged summaries wrote %d", be.writes-writes)
 	}
 	be.mu.Unlock()
+	// A server whose last write is 2 minutes old: in the hour, not in
+	// the minute.
+	be.mu.Lock()
+	be.ages = map[string]time.Duration{"s2": 2 * time.Minute}
+	be.mu.Unlock()
+	if f, _, _ := trs[0].Fleet(context.Background(), "api", Denied, Minute); f.Servers != 2 || f.N != 41-13 {
+		t.Errorf("minute with s2 idle for 2 min: %d servers, N %d; want 2 and %d", f.Servers, f.N, 41-13)
+	}
+	if f, _, _ := trs[0].Fleet(context.Background(), "api", Denied, Hour); f.Servers != 3 || f.N != 41 || f.Lag != 2*time.Minute {
+		t.Errorf("hour with s2 idle for 2 min: %d servers, N %d, lag %s; want 3, 41, 2m", f.Servers, f.N, f.Lag)
+	}
+
 	// The backend down: the local view, and the error.
 	be.mu.Lock()
 	be.fail = true
