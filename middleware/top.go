@@ -34,7 +34,7 @@ const DefaultTopPublish = 5 * time.Second
 //
 // A request pays only to put its rule, key and units in a lock-free ring
 // (no lock, no allocation); a goroutine of the Limiter drains the ring
-// into the summaries several times a second, and when a shard of the ring
+// into the summaries every second, and when a shard of the ring
 // fills a quarter (BENCHMARKS.md has the costs). When every core is busy
 // and that goroutine cannot run in time, a request that finds its shard
 // full drains it itself if the summaries are free (never waiting for

@@ -6,9 +6,9 @@
 //
 // Requests put their events in a lock-free Ring (Note): a few
 // nanoseconds, no lock, no allocation. One goroutine drains the ring into
-// the summaries, several times a second and whenever a shard of the ring
-// fills a quarter; readers drain it first, so that they see every event
-// noted before they asked.
+// the summaries, every second and whenever a shard of the ring fills a
+// quarter; readers drain it first, so that they see every event noted
+// before they asked.
 package hitters
 
 import (
@@ -64,8 +64,10 @@ type Config struct {
 	K int
 	// Now returns the current time in Unix ms (time.Now if nil).
 	Now func() int64
-	// Every is how often the drainer runs without being woken (200 ms if
-	// 0).
+	// Every is how often the drainer runs without being woken (1 s if 0):
+	// an event is counted at the instant it is drained, so this bounds
+	// how late it may be counted (readers drain first, and requests wake
+	// the drainer as the ring fills).
 	Every time.Duration
 	// Fleet, if set, publishes the summaries and reads the fleet's.
 	Fleet *FleetConfig
@@ -111,7 +113,7 @@ func New(cfg Config) *Tracker {
 		cfg.K = DefaultK
 	}
 	if cfg.Every <= 0 {
-		cfg.Every = 200 * time.Millisecond
+		cfg.Every = time.Second
 	}
 	t := &Tracker{ring: NewRing(), cfg: cfg, now: cfg.Now, rules: map[string]*ruleState{}, stop: make(chan struct{})}
 	t.ring.Help = t.help
