@@ -26,6 +26,21 @@ func adminTopRules() []middleware.Rule {
 
 const adminToken = "s3cret-token"
 
+// loginsOf returns a limiter of adminTopRules after n requests of
+// 192.0.2.1 to /login (2 allowed, then denied and banned).
+func loginsOf(t *testing.T, n int) *middleware.Limiter {
+	t.Helper()
+	lim, err := middleware.NewRules(adminTopRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	for range n {
+		doFrom(lim.Handler(ok200), "192.0.2.1:1", "/login")
+	}
+	return lim
+}
+
 func bearerAuth(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer "+adminToken }
 
 // adminCall sends method target to h with the admin token and decodes the
@@ -117,15 +132,7 @@ func TestAdminTop(t *testing.T) {
 // this interval's requests; /health names the store and its breaker.
 func TestAdminRatesAndHealth(t *testing.T) {
 	t.Parallel()
-	lim, err := middleware.NewRules(adminTopRules())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
-	for range 3 {
-		doFrom(lim.Handler(ok200), "192.0.2.1:1", "/login")
-	}
-	adm := middleware.AdminHandler(lim, middleware.AdminConfig{Authorize: bearerAuth})
+	adm := middleware.AdminHandler(loginsOf(t, 3), middleware.AdminConfig{Authorize: bearerAuth})
 	code, body := adminCall(t, adm, "GET", "/rates", "")
 	if code != 200 || body["interval_ms"] != 10000.0 {
 		t.Fatalf("/rates: %d %v", code, body)
@@ -147,16 +154,8 @@ func TestAdminRatesAndHealth(t *testing.T) {
 // a keyed hash, and hash= names a client it showed.
 func TestAdminHashKeys(t *testing.T) {
 	t.Parallel()
-	lim, err := middleware.NewRules(adminTopRules())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
-	for range 4 {
-		doFrom(lim.Handler(ok200), "192.0.2.1:1", "/login")
-	}
 	secret := []byte("hash secret")
-	adm := middleware.AdminHandler(lim, middleware.AdminConfig{Authorize: bearerAuth, HashKeys: secret})
+	adm := middleware.AdminHandler(loginsOf(t, 4), middleware.AdminConfig{Authorize: bearerAuth, HashKeys: secret})
 	hash := adminauth.KeyHash(secret, "ip:192.0.2.1")
 	for _, target := range []string{"/top?rule=login", "/bans"} {
 		_, body := adminCall(t, adm, "GET", target, "")
@@ -195,11 +194,7 @@ func signIn(h http.Handler, target, token string) *httptest.ResponseRecorder {
 // anti-forgery token and from the same origin; signing out clears it.
 func TestAdminSignIn(t *testing.T) {
 	t.Parallel()
-	lim, err := middleware.NewRules(adminTopRules())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
+	lim := loginsOf(t, 0)
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", http.StripPrefix("/admin", middleware.AdminHandler(lim, middleware.AdminConfig{Authorize: bearerAuth})))
 
