@@ -56,7 +56,10 @@
 // next tick, or dropped (and counted) if more than 4096 wait. An entry is
 // 112 bytes, plus its share of the index and of the allocator's rounding:
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
-// at most 128). There is one goroutine per store (the syncer,
+// at most 128). A lease counter takes an entry only once it is busy: the
+// last uses of the others are kept in a fixed array of 65,536 slots
+// (512 KiB, made with the first lease charge). There is one goroutine per
+// store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
 // runs, or, with a BatchBackend such as the Redis store, sends them in
 // chunks of 256 calls that share script runs, from up to 4), and a busy
@@ -217,6 +220,9 @@ type Store struct {
 
 	omu     sync.Mutex
 	orphans []job
+
+	// uses remembers the last use of lease counters (see takeLease).
+	uses uses
 
 	tick      atomic.Int64
 	evictions atomic.Uint64

@@ -3,6 +3,7 @@ package fleetstore
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/fleet"
@@ -251,4 +252,44 @@ func (sh *shard) enlist(id ident, e *entry) {
 		e.flags |= listed
 		sh.list = append(sh.list, id)
 	}
+}
+
+// uses remembers when lease counters were last used, in a fixed array of
+// slots indexed by a hash of their identity, each holding a tag of the
+// identity and the instant (Unix ms, 40 bits): a counter whose slot has
+// its tag knows its last use without a lookup in the table; one whose slot
+// another counter took is unknown. Made on first use.
+type uses struct {
+	once  sync.Once
+	slots []atomic.Uint64
+}
+
+const (
+	usesSlots = 1 << 16
+	usesBits  = 40
+	usesMask  = 1<<usesBits - 1
+)
+
+// The state of a counter's last use (uses.note).
+const (
+	useUnknown = iota
+	useRecent
+	useStale
+)
+
+// note records that counter id is used at ms, and returns whether its
+// previous use was within within ms (useRecent), before it (useStale), or
+// is unknown.
+func (u *uses) note(id ident, ms, within int64) int {
+	u.once.Do(func() { u.slots = make([]atomic.Uint64, usesSlots) })
+	slot := &u.slots[id.h2>>32%usesSlots]
+	tag := id.h1 >> usesBits
+	old := slot.Swap(tag<<usesBits | uint64(ms)&usesMask)
+	switch {
+	case old == 0 || old>>usesBits != tag:
+		return useUnknown
+	case (uint64(ms)-old)&usesMask <= uint64(within):
+		return useRecent
+	}
+	return useStale
 }
