@@ -35,7 +35,8 @@
 // interval the syncer pushes the deltas (keyed by window, fleet.Delta) of
 // the counters used from fresh views or near their limit, and merges the
 // fleet's count that comes back; counts decided blind wait until they are
-// half of max_unsynced or their window ends. Over the limit, per window:
+// half of max_unsynced or their window ends, and their counters are
+// visited every 16 ticks only (a later list). Over the limit, per window:
 // at most servers × max_unsynced, plus what the fleet admits in one sync
 // interval (fleet.OverBound).
 //
@@ -102,7 +103,10 @@ const (
 	// from chunkWorkers goroutines: chunks of a few hundred share script
 	// runs without holding back for long the decisions queued with them.
 	chunk, chunkWorkers = 256, 4
-	shards              = 64
+	// laterEvery is how often, in ticks, the syncer visits the write-back
+	// counters whose counts wait (see pushDue).
+	laterEvery = 16
+	shards     = 64
 )
 
 // Settings are a rule's coordination settings.

@@ -49,6 +49,13 @@ const (
 	// full: the last lease call granted nothing; until up, requests that
 	// the slice left does not cover are denied without asking again.
 	full
+	// later: a listed write-back entry whose counts wait (see pushDue) is
+	// in its shard's later list, which the syncer visits every laterEvery
+	// ticks, rather than in its list.
+	later
+	// seen: the syncer kept the entry in its later list in the visit
+	// under way.
+	seen
 )
 
 // entry is one counter in process, 112 bytes. Its fields hold, by mode:
@@ -108,8 +115,10 @@ type shard struct {
 	chunks [][]entry
 	n      int
 	max    int
-	// list holds the entries the syncer visits.
-	list []ident
+	// list holds the entries the syncer visits at every tick, and later
+	// those it visits every laterEvery ticks (flag later): an id may stay
+	// in later after its entry left it, and is dropped when visited.
+	list, later []ident
 	// waits holds, for entries with a lease call or a push on its way,
 	// what the requests that need it wait on.
 	waits map[ident]chan struct{}
@@ -246,12 +255,20 @@ func (sh *shard) unplace(p int) {
 	}
 }
 
-// enlist adds entry e of id to the entries the syncer visits.
+// enlist adds entry e of id to the entries the syncer visits at every
+// tick, and takes it out of its later list if it was there.
 func (sh *shard) enlist(id ident, e *entry) {
-	if e.flags&listed == 0 {
-		e.flags |= listed
+	if e.flags&listed == 0 || e.flags&later != 0 {
+		e.flags = e.flags&^later | listed
 		sh.list = append(sh.list, id)
 	}
+}
+
+// postpone moves listed entry e of id to the syncer's later list; the
+// caller drops id from the list.
+func (sh *shard) postpone(id ident, e *entry) {
+	e.flags |= later
+	sh.later = append(sh.later, id)
 }
 
 // uses remembers when lease counters were last used, in a fixed array of
