@@ -44,7 +44,10 @@ import (
 //	limit + (its requests in flight) × Max
 //
 // units: each request admitted before its usage was known found the count
-// below the limit and was charged at most Max in all.
+// below the limit and was charged at most Max in all. In write-back mode
+// (Rule.Sync) each app server's units not yet pushed add app servers ×
+// (MaxUnsynced + Max); lease mode and regions keep the bound of their
+// mode on top (docs/fleet.md, docs/regions.md).
 //
 // The usage limits are sliding windows, fixed windows (and calendar
 // periods), token buckets or sliding logs, and need a store that can
