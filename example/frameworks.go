@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -35,6 +37,7 @@ var exampleRoutes = []struct{ method, path, body string }{
 	{http.MethodGet, "/api/smooth", `{"smooth":true}`},
 	{http.MethodGet, "/api/burst", `{"burst":true}`},
 	{http.MethodGet, "/api/work", `{"work":"done"}`},
+	{http.MethodPost, "/v1/chat", ""}, // chat.go
 }
 
 // maxSlow bounds the wait of /api/slow.
@@ -81,6 +84,12 @@ func serveNetHTTP(ctx context.Context, ln net.Listener, lim *middleware.Limiter,
 		}
 		body := rt.body
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/chat" {
+				w.Header().Set("Content-Type", "text/event-stream")
+				body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+				chat(r.Context(), w, http.NewResponseController(w).Flush, promptTokens(strconv.Itoa(len(body))), completionTokens(r.URL.Query().Get("tokens")))
+				return
+			}
 			if r.URL.Path == "/login" {
 				status, body := login(r.PostFormValue("password"))
 				w.WriteHeader(status)
@@ -117,6 +126,13 @@ func serveGin(ctx context.Context, ln net.Listener, lim *middleware.Limiter, met
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		r.Handle(rt.method, rt.path, func(c *gin.Context) {
+			if c.Request.URL.Path == "/v1/chat" {
+				c.Header("Content-Type", "text/event-stream")
+				body, _ := io.ReadAll(io.LimitReader(c.Request.Body, 1<<20))
+				flush := func() error { c.Writer.Flush(); return nil }
+				chat(c.Request.Context(), c.Writer, flush, promptTokens(strconv.Itoa(len(body))), completionTokens(c.Query("tokens")))
+				return
+			}
 			if c.Request.URL.Path == "/login" {
 				status, body := login(c.PostForm("password"))
 				c.String(status, body+"\n")
@@ -151,6 +167,13 @@ func serveEcho(ctx context.Context, ln net.Listener, lim *middleware.Limiter, me
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		e.Add(rt.method, rt.path, func(c echo.Context) error {
+			if c.Request().URL.Path == "/v1/chat" {
+				c.Response().Header().Set("Content-Type", "text/event-stream")
+				body, _ := io.ReadAll(io.LimitReader(c.Request().Body, 1<<20))
+				flush := func() error { c.Response().Flush(); return nil }
+				chat(c.Request().Context(), c.Response(), flush, promptTokens(strconv.Itoa(len(body))), completionTokens(c.QueryParam("tokens")))
+				return nil
+			}
 			if c.Request().URL.Path == "/login" {
 				status, body := login(c.FormValue("password"))
 				return c.String(status, body+"\n")
@@ -179,6 +202,17 @@ func serveFiber(ctx context.Context, ln net.Listener, lim *middleware.Limiter, m
 	for _, rt := range exampleRoutes {
 		body := rt.body
 		app.Add(rt.method, rt.path, func(c *fiber.Ctx) error {
+			if c.Path() == "/v1/chat" {
+				// Fiber writes a streamed body once the handler has
+				// returned: the stream settles through the context it
+				// keeps, after the request ended, at once.
+				ctx, prompt, n := c.UserContext(), promptTokens(strconv.Itoa(len(c.Body()))), completionTokens(c.Query("tokens"))
+				c.Set("Content-Type", "text/event-stream")
+				c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+					chat(ctx, w, w.Flush, prompt, n)
+				})
+				return nil
+			}
 			if c.Path() == "/login" {
 				status, body := login(c.FormValue("password"))
 				return c.Status(status).SendString(body + "\n")

@@ -197,7 +197,9 @@ func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 // a second per client with a ceiling of 50 while the server has room, and
 // /api/work an adaptive concurrency limit that sheds batch requests
 // (?batch=1) first; POST /login allows 5 failed attempts per 15 minutes per
-// account and address, then bans that pair for an hour (login.go).
+// account and address, then bans that pair for an hour (login.go); POST
+// /v1/chat, 60 requests and 10,000 tokens a minute per API key, settled
+// when each streamed completion ends (chat.go).
 func builtinRules() []middleware.Rule {
 	return []middleware.Rule{
 		{Name: "site", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(30)}},
@@ -212,6 +214,7 @@ func builtinRules() []middleware.Rule {
 		{Name: "work", Path: "/api/work", AdaptiveConcurrency: &middleware.AdaptiveConcurrency{Min: 2, Max: 40}},
 		{Name: "work-batch", Path: "/api/work", Query: map[string]string{"batch": "1"}, Priority: middleware.PrioritySheddable},
 		loginRule(),
+		chatRule(),
 	}
 }
 
@@ -393,6 +396,14 @@ func printUsage(host, framework, store, rulesFile string) {
   for i in $(seq 5); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' -H 'X-API-Key: demo2' http://%[1]s/api/smooth & done; wait   # leaky bucket: served 500 ms apart
 `, host)
 	printLogin(host)
+	printChat(host)
+}
+
+// printChat prints the curl lines of the LLM-style route (chat.go).
+func printChat(host string) {
+	fmt.Printf(`  curl -N -X POST -H 'X-API-Key: demo' -d 'Tell me a story' 'http://%[1]s/v1/chat?tokens=20'   # streams 20 tokens; RateLimit shows requests and tokens
+  for i in $(seq 6); do curl -s -o /dev/null -D - -X POST -H 'X-API-Key: demo' 'http://%[1]s/v1/chat?tokens=2000' | grep -iE '^(HTTP|ratelimit:|retry-after)'; done   # the 6th is 429: 10,000 tokens a minute spent
+`, host)
 }
 
 // printLogin prints the curl lines of the login scenario (login.go).

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/keyfunc"
@@ -191,12 +192,23 @@ func (l *Limiter) takeSlots(ctx context.Context, now time.Time, r keyfunc.Reques
 // open, or could not be decided: err).
 func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result, d *decision) (done bool, err error) {
 	s.decisions = grow(s.decisions, len(s.charges))
-	if s.usage || s.counting != nil && s.counting.any(s.charges) {
+	var fleetUsage *fleetstore.Store
+	switch {
+	case s.counting != nil && s.counting.any(s.charges):
 		s.atp = &s.at
+	case s.usage:
+		// Usage limits in lease or write-back mode settle through the
+		// coordination layer (settleThroughFleet); the others exactly.
+		if fleetUsage = l.syncs.store.Load(); fleetUsage == nil {
+			s.atp = &s.at
+		}
 	}
 	allowed, err := l.takeElastic(ctx, now, s)
 	if err == nil && !allowed && s.usage {
 		allowed = l.retryUsage(ctx, now, s)
+	}
+	if fleetUsage != nil && (allowed || err != nil) {
+		defer l.settleThroughFleet(fleetUsage, now, s)
 	}
 	if err == nil {
 		if !allowed && s.banning && !l.cfg.shadow {
@@ -326,7 +338,7 @@ func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, o
 	if o != nil {
 		o.StoreCalled(time.Since(began), err)
 	}
-	if err == nil && !ok && dc != nil && at == nil {
+	if err == nil && !ok && dc != nil && at == nil && !anyUsage(charges) {
 		dc.Record(local, internalCharges(charges), internalDecisions(out))
 	}
 	if err != nil {

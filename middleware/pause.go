@@ -75,8 +75,9 @@ func (l *Limiter) PausesEnabled() bool { return l.cfg.pauses }
 // several keys), or the zero time if no rate limit applies to r. It
 // returns an error for a limiter made without WithPauses (ErrNoPauses), d
 // below a millisecond, a request whose keys cannot be computed (as Decide
-// would), or a store failure (wrapping ErrStore), after which the pause
-// holds in this Limiter only.
+// would), or a store failure (wrapping ErrStore, and reported to the
+// Observers as StoreFailed), after which the pause holds in this Limiter
+// only.
 func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration) (time.Time, error) {
 	if !l.cfg.pauses {
 		return time.Time{}, ErrNoPauses
@@ -84,39 +85,58 @@ func (l *Limiter) Pause(ctx context.Context, r keyfunc.Request, d time.Duration)
 	if d < time.Millisecond {
 		return time.Time{}, fmt.Errorf("sluice: Pause: %s is less than 1ms", d)
 	}
-	s := scratchPool.Get().(*scratch)
-	defer s.release()
-	var res Result
-	if _, err := l.matchRules(l.rules.Load(), r, s, &res); err != nil {
+	keys, err := l.Keys(r)
+	if err != nil {
 		return time.Time{}, err
 	}
 	now := l.clock()
 	local := l.localNow(now).UnixMilli()
 	var latest int64
 	var errs []error
-	var done clients.ID
-	for i := range s.charges {
-		c := &s.charges[i]
-		id := clients.ID{Rule: c.Name, Key: c.Key}
-		if id == done {
-			continue // a rule's limits are in a row: its key is paused once
-		}
-		done = id
+	for _, k := range keys {
 		until := local + d.Milliseconds()
 		if sh := l.pauses.shared; sh != nil {
-			u, err := sh.setPause(ctx, now, c.Name, c.Key, d)
+			u, err := sh.setPause(ctx, now, k.Rule, k.Key, d)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%w: pause rule %q: %w", ErrStore, c.Name, err))
+				err = fmt.Errorf("%w: pause rule %q: %w", ErrStore, k.Rule, err)
+				l.cfg.report(r, err)
+				errs = append(errs, err)
 			} else {
 				until = u.UnixMilli()
 			}
 		}
-		latest = max(latest, l.pauses.table.Set(id, until, local))
+		latest = max(latest, l.pauses.table.Set(clients.ID(k), until, local))
 	}
 	if latest == 0 {
 		return time.Time{}, errors.Join(errs...)
 	}
 	return time.UnixMilli(latest), errors.Join(errs...)
+}
+
+// RuleKey names the counters of one client under one rule: the rule's
+// name and the key its key function produced.
+type RuleKey struct{ Rule, Key string }
+
+// Keys returns the rules and keys that r would be charged under by its
+// rate limits (not its shadow rules, nor rules with only a concurrency
+// limit), each once, in the order of the rules, without deciding or
+// charging anything: the rules that apply to r are matched and their key
+// functions run, as Decide does. It returns the error Decide would for a
+// key that cannot be computed.
+func (l *Limiter) Keys(r keyfunc.Request) ([]RuleKey, error) {
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
+	var res Result
+	if _, err := l.matchRules(l.rules.Load(), r, s, &res); err != nil {
+		return nil, err
+	}
+	var out []RuleKey
+	for i := range s.charges {
+		if k := (RuleKey{s.ruleOf(i), s.charges[i].Key}); len(out) == 0 || out[len(out)-1] != k {
+			out = append(out, k) // a rule's limits (and usage limits) are in a row
+		}
+	}
+	return out, nil
 }
 
 // paused checks the request's charges for a pause in force, in memory and
@@ -148,7 +168,7 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 	var checked clients.ID
 	for i := range s.charges {
 		c := &s.charges[i]
-		id := clients.ID{Rule: c.Name, Key: c.Key}
+		id := clients.ID{Rule: s.ruleOf(i), Key: c.Key}
 		if applies != nil && !applies(c) || id == checked {
 			continue // a rule's limits are in a row: its hold is read once
 		}
@@ -160,10 +180,10 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 		if read == nil {
 			continue
 		}
-		u, err := read(ctx, now, c.Name, c.Key)
+		u, err := read(ctx, now, id.Rule, c.Key)
 		if err != nil {
 			// The hold cannot be read: the store's decision stands.
-			l.cfg.report(r, fmt.Errorf("%w: read the %s of rule %q: %w", ErrStore, what, c.Name, err))
+			l.cfg.report(r, fmt.Errorf("%w: read the %s of rule %q: %w", ErrStore, what, id.Rule, err))
 			continue
 		}
 		if !u.IsZero() {
@@ -176,14 +196,23 @@ func (l *Limiter) held(ctx context.Context, now time.Time, r keyfunc.Request, s 
 	}
 	s.decisions = grow(s.decisions, len(s.charges))
 	left := time.Duration(until-local) * time.Millisecond
-	h := &s.charges[found]
+	h, hr := &s.charges[found], s.ruleOf(found)
 	for j := range s.decisions {
 		s.decisions[j] = Decision{Allowed: true}
-		if c := &s.charges[j]; c.Name == h.Name && c.Key == h.Key && (applies == nil || applies(c)) {
+		if c := &s.charges[j]; s.ruleOf(j) == hr && c.Key == h.Key && (applies == nil || applies(c)) {
 			s.decisions[j] = Decision{ResetAfter: left, RetryAfter: left, NextAfter: left}
 		}
 	}
 	return true
+}
+
+// ruleOf returns the name of the rule of charge i: the charge's Name, or
+// for a usage limit the name of its rule.
+func (s *scratch) ruleOf(i int) string {
+	if u := s.metas[i].usage; u != nil {
+		return u.rule
+	}
+	return s.charges[i].Name
 }
 
 // Key returns the key of the binding limit (see Policy) as the rule's key

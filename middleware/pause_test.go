@@ -134,3 +134,36 @@ func TestPauseErrors(t *testing.T) {
 		t.Errorf("Pause of a request no rule applies to: %v, %v; want the zero time", u, err)
 	}
 }
+
+// TestKeys: the rules and keys a request would be charged under, each
+// once, without charging it; not those of shadow rules or rules with only
+// a concurrency limit.
+func TestKeys(t *testing.T) {
+	t.Parallel()
+	lim, err := middleware.NewRules([]middleware.Rule{
+		{Name: "two", Key: keyfunc.Header("X-Tenant"), Limits: []middleware.Limit{middleware.PerSecond(10), middleware.PerHour(100)}},
+		{Name: "shadow", Key: keyfunc.Global(), Limits: []middleware.Limit{middleware.PerSecond(1)}, Shadow: true},
+		{Name: "slots", Key: keyfunc.Global(), Concurrency: 2},
+		{Name: "api", Path: "/api/*", Key: keyfunc.Method(), Limits: []middleware.Limit{middleware.PerMinute(5)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	r := httptest.NewRequest("GET", "/api/x", nil)
+	r.Header.Set("X-Tenant", "acme")
+	keys, err := lim.Keys(keyfunc.FromHTTP(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []middleware.RuleKey{{Rule: "two", Key: keyOf(t, "acme")}, {Rule: "api", Key: "m:GET"}}
+	if len(keys) != len(want) || keys[0] != want[0] || keys[1] != want[1] {
+		t.Errorf("Keys = %v, want %v", keys, want)
+	}
+	if st, _ := lim.Peek(context.Background(), "two", keyOf(t, "acme")); st[0].Remaining != 10 {
+		t.Errorf("Keys charged the request: %d left of 10", st[0].Remaining)
+	}
+	if _, err := lim.Keys(keyfunc.FromHTTP(httptest.NewRequest("GET", "/", nil))); !errors.Is(err, keyfunc.ErrNoKey) {
+		t.Errorf("Keys of a request without the header: %v, want ErrNoKey", err)
+	}
+}

@@ -89,7 +89,14 @@ func (c *compiledRule) compileScope() error {
 			return fmt.Errorf("scope: global: limits[%d] %v", i, err)
 		}
 	}
-	if len(r.Limits) == 0 && r.LimitsFunc == nil {
+	if u := r.Usage; u != nil {
+		for i, l := range u.Limits {
+			if err := globalSupports(l); err != nil {
+				return fmt.Errorf("scope: global: usage.limits[%d] %v", i, err)
+			}
+		}
+	}
+	if len(r.Limits) == 0 && r.LimitsFunc == nil && r.Usage == nil {
 		return errors.New("scope: global: the rule has no rate limit (a concurrency limit is always the region's)")
 	}
 	return nil
@@ -260,6 +267,9 @@ func (s *RegionStore) bindScopes(set *ruleSet) {
 	for _, r := range set.rules {
 		if r.Scope != ScopeRegion {
 			m[r.Name] = scopeSet{scope: r.Scope, interval: r.SyncInterval}
+			if r.usage != nil {
+				m[r.usage.name] = m[r.Name] // its usage limits' counters
+			}
 		}
 	}
 	s.scopes.Store(&m)
@@ -327,31 +337,13 @@ func (s *RegionStore) global(c *Charge, sc scopeSet) (regions.Charge, error) {
 // tick plus the one-way delay); counts of other regions that had not
 // reached this region yet stay counted. It implements Resetter.
 func (s *RegionStore) Reset(ctx context.Context, charges []Charge) error {
-	scopes := s.scopesNow()
-	var local, strict []Charge
-	var errs []error
-	for i := range charges {
-		c := &charges[i]
-		switch sc := scopes[c.Name]; sc.scope {
-		case ScopeGlobal:
-			rc, err := s.global(c, sc)
-			if err == nil {
-				err = s.g.Reset(ctx, s.at(time.Time{}), rc)
-			}
-			errs = append(errs, err)
-		case ScopeGlobalStrict:
-			strict = append(strict, *c)
-		default:
-			local = append(local, *c)
+	return s.split(charges, func(_ int, c *Charge, sc scopeSet) error {
+		rc, err := s.global(c, sc)
+		if err == nil {
+			err = s.g.Reset(ctx, s.at(time.Time{}), rc)
 		}
-	}
-	if len(local) > 0 {
-		errs = append(errs, s.local.Reset(ctx, local))
-	}
-	if len(strict) > 0 {
-		errs = append(errs, s.home.Reset(ctx, strict))
-	}
-	return errors.Join(errs...)
+		return err
+	}, func(st *RedisStore, cs []Charge, _ []int) error { return st.Reset(ctx, cs) })
 }
 
 // Take decides charges at one instant; see RegionStore and Store.
@@ -436,7 +428,7 @@ func globalDecision(c regions.Charge, d regions.Decision, now int64) Decision {
 	if c.Sliding {
 		reset += c.Window
 	}
-	out := Decision{Allowed: d.Allowed, Remaining: int(max(0, c.Limit-d.Total)), ResetAfter: time.Duration(reset) * time.Millisecond}
+	out := Decision{Allowed: d.Allowed, Remaining: int(max(0, c.Limit-d.Total)), ResetAfter: time.Duration(reset) * time.Millisecond, Debt: int(max(0, d.Total-c.Limit))}
 	switch {
 	case d.Allowed && d.Total > 0:
 		out.NextAfter = time.Duration(end-now) * time.Millisecond

@@ -192,17 +192,26 @@ func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decis
 		}
 	}
 	res.policies = metas[0].policy
-	usage := metas[0].usage != nil
 	for i := 1; i < len(metas); i++ {
-		usage = usage || metas[i].usage != nil
 		if metas[i].policy != metas[i-1].policy {
 			res.policies = joinPolicies(metas)
 			break
 		}
 	}
-	if usage && len(ds) > 1 {
+	if len(ds) > 1 && anyUsageMeta(metas) {
+		// A request limited in several units reports each policy.
 		res.others = others(best, charges, ds, metas)
 	}
+}
+
+// anyUsageMeta reports whether a charge is of a usage limit.
+func anyUsageMeta(metas []chargeMeta) bool {
+	for i := range metas {
+		if metas[i].usage != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // others returns the RateLimit items of every limit but the binding one,

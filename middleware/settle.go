@@ -68,8 +68,11 @@ type usageLine struct {
 }
 
 // Finish ends a request: it gives back the request's concurrency slots
-// (as Done does) and, for rules that count by outcome (Rule.Count), gives
-// back the request's charges if the response's status does not count.
+// (as Done does); for rules that count by outcome (Rule.Count), it gives
+// back the request's charges if the response's status does not count; and
+// for usage limits (Rule.Usage), it charges the difference between what
+// the request used (Settle) and what it was charged when admitted, or
+// gives it back.
 // Front ends call it once the handler has returned, with the status the
 // client got, or 0 if the handler panicked (counted as 500); Handler and
 // the Gin, Echo and Fiber adapters do. It is safe to call on any Result,

@@ -123,6 +123,13 @@ func (c *compiledRule) compileSync() error {
 			return fmt.Errorf("sync: %s: limits[%d] is a %s, which is always decided exactly (sync: lease and write_back take sliding_window, fixed_window and token_bucket)", r.Sync, i, l.Algorithm)
 		}
 	}
+	if u := r.Usage; u != nil {
+		for i, l := range u.Limits {
+			if !fleet.Supports(window.Algorithm(l.Algorithm)) {
+				return fmt.Errorf("sync: %s: usage.limits[%d] is a %s, which is always decided exactly (sync: lease and write_back take sliding_window, fixed_window and token_bucket)", r.Sync, i, l.Algorithm)
+			}
+		}
+	}
 	if r.Concurrency > 0 && len(r.Limits) == 0 && r.LimitsFunc == nil {
 		return fmt.Errorf("sync: %s: the rule has only a concurrency limit, which is always decided exactly", r.Sync)
 	}
@@ -151,7 +158,11 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 	rules := map[string]fleetstore.Settings{}
 	for _, r := range set.rules {
 		if r.Sync != SyncExact {
-			rules[r.Name] = fleetstore.Settings{Mode: fleet.Mode(r.Sync), Lease: r.Lease, SyncInterval: r.SyncInterval, MaxUnsynced: r.MaxUnsynced}
+			set := fleetstore.Settings{Mode: fleet.Mode(r.Sync), Lease: r.Lease, SyncInterval: r.SyncInterval, MaxUnsynced: r.MaxUnsynced}
+			rules[r.Name] = set
+			if r.usage != nil {
+				rules[r.usage.name] = set // its usage limits' counters
+			}
 		}
 	}
 	sl := &l.syncs

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/usage"
@@ -42,7 +44,10 @@ import (
 //	limit + (its requests in flight) × Max
 //
 // units: each request admitted before its usage was known found the count
-// below the limit and was charged at most Max in all.
+// below the limit and was charged at most Max in all. In write-back mode
+// (Rule.Sync) each app server's units not yet pushed add app servers ×
+// (MaxUnsynced + Max); lease mode and regions keep the bound of their
+// mode on top (docs/fleet.md, docs/regions.md).
 //
 // The usage limits are sliding windows, fixed windows (and calendar
 // periods), token buckets or sliding logs, and need a store that can
@@ -218,9 +223,25 @@ type compiledUsage struct {
 }
 
 // usageSuffix separates a rule's name from its usage unit in the Name of
-// the usage limits' counters: a character no rule name has, so that no
-// rule's counters can be another's.
-const usageSuffix = "~"
+// the usage limits' counters: "~" is a character no rule name has, so
+// that no rule's counters can be another's, and the word keeps them apart
+// from an elastic limit's headroom ("~elastic").
+const usageSuffix = "~usage~"
+
+// usageCharge reports whether c is a charge of a usage limit.
+func usageCharge(c *Charge) bool { return strings.Contains(c.Name, usageSuffix) }
+
+// anyUsage reports whether a charge is of a usage limit: their denials are
+// never remembered by the deny cache, since a usage limit whose estimate
+// does not fit still admits while its budget is not spent (retryUsage).
+func anyUsage(charges []Charge) bool {
+	for i := range charges {
+		if usageCharge(&charges[i]) {
+			return true
+		}
+	}
+	return false
+}
 
 var unitPattern = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 
@@ -418,6 +439,47 @@ func (l *Limiter) Charge(r keyfunc.Request) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// settleThroughFleet makes the usage of a request decided by the
+// coordination layer (rules in lease or write-back mode) settle through
+// it: at the instant it was decided on this server's clock, for what is
+// given back, and with the layer as its store, which charges the
+// write-back counters' views (pushed with their other counts), the lease
+// counters' slices, and the exact store for the rest. A request the local
+// fallback decided (FailLocal) settles with the fallback.
+func (l *Limiter) settleThroughFleet(fs *fleetstore.Store, now time.Time, s *scratch) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	s.at = now
+	if s.store == nil {
+		s.store = fleetSettler{fs}
+	}
+}
+
+// fleetSettler settles through the coordination layer; see
+// settleThroughFleet.
+type fleetSettler struct{ fs *fleetstore.Store }
+
+func (f fleetSettler) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return f.fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+func (f fleetSettler) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	ok, err := f.Take(ctx, now, charges, out)
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return ok, now, err
+}
+
+func (f fleetSettler) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return f.fs.Refund(ctx, at, internalCharges(charges))
+}
+
+func (f fleetSettler) Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error {
+	return f.fs.Settle(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
 // checkSettler reports an error if set has rules with usage limits and

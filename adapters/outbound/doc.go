@@ -22,8 +22,21 @@
 // FromContext by a key the caller puts in the request's context
 // (WithKey: a tenant, for a per-tenant budget at the upstream), and
 // keyfunc.Header, keyfunc.Method and keyfunc.Join work unchanged. Cost
-// gives a rule the cost the caller put in the context (WithCost): the
-// tokens an LLM request is expected to use.
+// gives a rule (as its CostFunc, or its Usage's EstimateFunc) the cost the
+// caller put in the context (WithCost): the tokens an LLM request is
+// expected to use.
+//
+// # Costs known from the answer
+//
+// A rule with usage limits (middleware.Rule.Usage: tokens a minute)
+// reserves each request's estimate before it is sent, and settles what it
+// used once the answer says: from the header or trailer the rule's
+// Usage.Header names (read, and left in the response for the caller),
+// from Options.Usage, a function that reads the response when its body is
+// closed, or from the caller, who calls Settle with what it read in the
+// body before closing it (that comes first). The difference is charged or
+// given back when the body is closed (middleware.Result.Settle and
+// Finish).
 //
 // # Waiting, not failing
 //
@@ -75,12 +88,19 @@
 //     which every process of the fleet honours. Every waiting request
 //     anywhere resumes after the pause, not before.
 //   - When the upstream says that a budget (requests, or tokens) has
-//     nothing left until a reset while the Limiter's budget still had some,
+//     nothing left until a reset while the Limiter's budget still held a
+//     clear share (10%, at least 4) or the upstream refused the request,
 //     the keys are paused until the reset.
+//   - When the upstream says it has fewer requests left than the
+//     Limiter's budget now holds, by that share, and announces no quota,
+//     the rule's limit is lowered by the difference for the key until the
+//     upstream's reset: the budget follows the upstream's count
+//     (Limiter.SetOverride: with Redis, for the whole fleet).
 //   - When the upstream announces a quota (RateLimit-Policy) below the
-//     rule's limit, the rule's limits are lowered to it for the key, for a
-//     minute renewed while it is announced (Limiter.SetOverride: with
-//     Redis, for the whole fleet).
+//     rule's limit, the rule's limits are lowered to it, less a margin of
+//     1% (at least 1 unit) for the delay between the Limiter's count and
+//     the upstream's, for the key, for a minute renewed while it is
+//     announced.
 //
 // The bound on refusals: a Limiter made WithPauses checks each request's
 // keys for a pause before charging it, so a request that starts after a

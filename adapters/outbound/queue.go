@@ -5,7 +5,10 @@ import "sync"
 // The queues in which requests wait for their turn, one per binding rule
 // and key, so that the requests of one key go out in the order they began
 // waiting: only the oldest asks the Limiter again, when its wait is over;
-// the others wait behind it. A queue lives while requests wait in it.
+// the others wait behind it. A request that comes while requests of one
+// of its keys wait joins their queue before it asks the Limiter at all,
+// so that it cannot take the unit that frees up for the oldest. A queue
+// lives while requests wait in it.
 
 // queueID names a queue: the rule and key of the limit that made its
 // requests wait.
@@ -32,6 +35,13 @@ type queues struct {
 	// freed is closed, and replaced, when a request of the Transport
 	// ends: the requests a concurrency limit holds back may go.
 	freed chan struct{}
+}
+
+// has reports whether requests wait in queue id.
+func (qs *queues) has(id queueID) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.m[id] != nil
 }
 
 // join gives a request the last place of queue id, or nil when max

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/middleware"
@@ -48,6 +50,13 @@ type Options struct {
 	// IgnoreUpstream, when set, reads none of the upstream's rate-limit
 	// fields: no pauses, no lowered budgets; the Limiter alone decides.
 	IgnoreUpstream bool
+	// Usage, when set, reads from a response what its request used, for
+	// the rules with usage limits (middleware.Rule.Usage: an LLM
+	// provider's tokens): the units, and whether it found them. It is
+	// called when the response's body is closed, once its trailers are
+	// read, and settles the request (middleware.Result.Settle) unless the
+	// request was settled already (Settle, or a rule's Usage.Header).
+	Usage func(resp *http.Response) (units int, ok bool)
 }
 
 // Transport is an http.RoundTripper that sends a request through its base
@@ -60,6 +69,7 @@ type Transport struct {
 	maxWait  time.Duration
 	maxPause time.Duration
 	ignore   bool
+	usage    func(*http.Response) (int, bool)
 	queues   queues
 	follow   follower
 }
@@ -80,7 +90,7 @@ func New(lim *middleware.Limiter, o Options) (*Transport, error) {
 	case o.MaxWaiting < 0:
 		return nil, fmt.Errorf("outbound: MaxWaiting %d is negative", o.MaxWaiting)
 	}
-	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream}
+	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream, usage: o.Usage}
 	if t.base == nil {
 		t.base = http.DefaultTransport
 	}
@@ -99,8 +109,11 @@ func New(lim *middleware.Limiter, o Options) (*Transport, error) {
 
 // RoundTrip sends req once the Limiter admits it. A request the Limiter
 // cannot admit in time is not sent: RoundTrip closes its body and returns
-// a *WaitError; one it cannot decide (no key, or the store failed and the
-// Limiter fails closed) likewise, with the Limiter's error. The response's
+// a *WaitError; one it cannot decide likewise, with the Limiter's error: a
+// request without a key at once, and while the store fails (with a
+// Limiter that fails closed, middleware.FailClosed) once the store has
+// failed until the end of the request's wait, asked again every 5 to
+// 100ms meanwhile. The response's
 // body must be closed, as always: closing it ends the request for the
 // Limiter (Result.Finish), giving back its concurrency slots.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -121,11 +134,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.heard(req, &res, resp)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil {
-		t.finish(&res, resp.StatusCode)
+		t.finish(&res, resp, false)
 		return resp, nil
 	}
-	resp.Body = &body{ReadCloser: resp.Body, t: t, res: res, status: resp.StatusCode}
+	b := &body{ReadCloser: resp.Body, t: t, res: res, resp: resp}
+	resp.Body = b
+	responses.Store(resp, b)
 	return resp, nil
+}
+
+// CloseIdleConnections closes the idle connections of the base transport,
+// if it has that method (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // Waiting returns how many requests wait for their turn in the Transport
@@ -145,14 +168,41 @@ func (t *Transport) admit(req *http.Request) (middleware.Result, error) {
 	var p *place
 	defer func() { t.queues.leave(p) }()
 	waited := false
+	if t.queues.len() > 0 {
+		// Requests wait: if some wait for one of r's keys, r takes its
+		// place behind them before it asks the Limiter.
+		var err error
+		if p, err = t.behind(r); err != nil {
+			return middleware.Result{}, err
+		}
+		if p != nil {
+			if err := waitTurn(ctx, p, time.Time{}, nil); err != nil {
+				return middleware.Result{}, t.ended(p.id.rule, 0, false, start, req)
+			}
+			waited = true
+		}
+	}
+	backoff := storeBackoff
 	for {
 		res, err := t.lim.Decide(r)
 		if err != nil {
 			if errors.Is(err, middleware.ErrGaveUp) {
 				// It left a leaky bucket's queue before its turn.
-				return res, t.ended(&res, start, req)
+				return res, t.ended(res.Rule, res.RetryAfter, res.Paused, start, req)
+			}
+			if errors.Is(err, middleware.ErrStore) && sleep(ctx, backoff) == nil {
+				// The store failed and the Limiter fails closed: ask
+				// again shortly, within the wait's bound.
+				backoff = min(2*backoff, maxStoreBackoff)
+				waited = true
+				continue
 			}
 			return res, fmt.Errorf("outbound: %w", err)
+		}
+		if res.Outcome == middleware.OutcomeFailedOpen && ctx.Err() != nil {
+			// The store failed because the wait's own deadline came
+			// during the decision: not a decision to send on.
+			return res, t.ended(res.Rule, 0, false, start, req)
 		}
 		if res.Allowed {
 			if waited || res.Delay > 0 {
@@ -180,9 +230,32 @@ func (t *Transport) admit(req *http.Request) (middleware.Result, error) {
 			freed = t.queues.whenFreed()
 		}
 		if err := waitTurn(ctx, p, wake, freed); err != nil {
-			return res, t.ended(&res, start, req)
+			return res, t.ended(res.Rule, res.RetryAfter, res.Paused, start, req)
 		}
 		waited = true
+	}
+}
+
+// The waits between two questions to a Limiter whose store failed (and
+// that fails closed): doubling from storeBackoff up to maxStoreBackoff.
+const (
+	storeBackoff    = 5 * time.Millisecond
+	maxStoreBackoff = 100 * time.Millisecond
+)
+
+// sleep waits d, or until ctx is done, or returns ctx's error at once
+// when its deadline comes before d has passed.
+func sleep(ctx context.Context, d time.Duration) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return context.DeadlineExceeded
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -197,6 +270,9 @@ func waitTurn(ctx context.Context, p *place, wake time.Time, freed <-chan struct
 	d := time.Until(wake)
 	if d <= 0 {
 		return nil
+	}
+	if freed == nil {
+		return sleep(ctx, d)
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -218,12 +294,34 @@ func (t *Transport) tooLong(res *middleware.Result, start time.Time) error {
 // ended is the error of a request whose wait ended before its turn,
 // reported to the observers: the error of the caller's context, or
 // ErrTooLong when only the maximum wait ran out.
-func (t *Transport) ended(res *middleware.Result, start time.Time, req *http.Request) error {
+func (t *Transport) ended(rule string, retryAfter time.Duration, paused bool, start time.Time, req *http.Request) error {
 	err := context.Cause(req.Context())
 	if err == nil {
 		err = ErrTooLong
 	}
-	return t.report(&WaitError{Rule: res.Rule, RetryAfter: res.RetryAfter, Waited: time.Since(start), Paused: res.Paused, Err: err})
+	return t.report(&WaitError{Rule: rule, RetryAfter: retryAfter, Waited: time.Since(start), Paused: paused, Err: err})
+}
+
+// behind gives r the last place of the first queue in which requests of
+// one of its keys wait, if any does; it returns ErrTooManyWaiting (a
+// WaitError) when MaxWaiting requests wait already. A request whose keys
+// cannot be computed goes on to the Limiter, which says why.
+func (t *Transport) behind(r *Request) (*place, error) {
+	keys, err := t.lim.Keys(r)
+	if err != nil {
+		return nil, nil
+	}
+	for _, k := range keys {
+		id := queueID{k.Rule, k.Key}
+		if !t.queues.has(id) {
+			continue
+		}
+		if p := t.queues.join(id); p != nil {
+			return p, nil
+		}
+		return nil, &WaitError{Rule: k.Rule, Err: ErrTooManyWaiting}
+	}
+	return nil, nil
 }
 
 func (t *Transport) report(e *WaitError) error {
@@ -231,10 +329,21 @@ func (t *Transport) report(e *WaitError) error {
 	return e
 }
 
-// finish ends a request for the Limiter (Result.Finish), and lets the
-// requests that wait for a concurrency slot try again.
-func (t *Transport) finish(res *middleware.Result, status int) {
-	res.Finish(status)
+// finish ends a request for the Limiter: unless the caller settled its
+// usage already (Settle), it settles it from Options.Usage, else from the
+// header or trailer its rule's Usage.Header names; it ends the request
+// (Result.Finish), and lets the requests that wait for a concurrency slot
+// try again.
+func (t *Transport) finish(res *middleware.Result, resp *http.Response, settled bool) {
+	if !settled && t.usage != nil {
+		if units, ok := t.usage(resp); ok {
+			settled = res.Settle(units) != middleware.ErrNoUsage
+		}
+	}
+	if !settled {
+		_ = res.SettleFrom(readOnly{resp})
+	}
+	res.Finish(resp.StatusCode)
 	t.queues.slotFreed()
 }
 
@@ -242,14 +351,59 @@ func (t *Transport) finish(res *middleware.Result, status int) {
 // closed.
 type body struct {
 	io.ReadCloser
-	t      *Transport
-	once   sync.Once
-	res    middleware.Result
-	status int
+	t       *Transport
+	once    sync.Once
+	res     middleware.Result
+	resp    *http.Response
+	settled atomic.Bool // by Settle
 }
 
 func (b *body) Close() error {
 	err := b.ReadCloser.Close()
-	b.once.Do(func() { b.t.finish(&b.res, b.status) })
+	b.once.Do(func() {
+		responses.Delete(b.resp)
+		b.t.finish(&b.res, b.resp, b.settled.Load())
+	})
 	return err
 }
+
+// responses maps the responses whose body is not closed yet to their
+// bodies, for Settle. An http.Client may wrap a response's body (to
+// enforce its Timeout), so the response itself is the key.
+var responses sync.Map // *http.Response → *body
+
+// Settle reports that the request of resp used units in all (the tokens
+// of an LLM's answer, read from its body, say), for the rules with usage
+// limits that applied to it (middleware.Rule.Usage): the difference with
+// its estimate is settled when resp's body is closed, as
+// middleware.Result.Settle does, and Options.Usage and Usage.Header are
+// not read. resp must come from a Transport, its body not closed yet. It
+// returns middleware.ErrNoUsage for any other response or a request with
+// no usage limit, and the errors of middleware.Result.Settle.
+func Settle(resp *http.Response, units int) error {
+	v, ok := responses.Load(resp)
+	if !ok {
+		return middleware.ErrNoUsage
+	}
+	b := v.(*body)
+	err := b.res.Settle(units)
+	if err == nil {
+		b.settled.Store(true)
+	}
+	return err
+}
+
+// readOnly shows a response's header and trailer to
+// middleware.Result.SettleFrom without letting it remove the field the
+// caller may want to read too: a trailer is asked for with
+// http.TrailerPrefix.
+type readOnly struct{ resp *http.Response }
+
+func (h readOnly) Get(key string) string {
+	if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok {
+		return h.resp.Trailer.Get(name)
+	}
+	return h.resp.Header.Get(key)
+}
+
+func (readOnly) Del(string) {}

@@ -85,5 +85,10 @@ func GrantCases() []GrantCase {
 		{"token", tb, window.State{}, 1000, 30, 0, 0, 1, window.State{Start: 1000, Prev: 1, Curr: 30000}, 30},
 		{"token give back", tb, window.State{Start: 1000, Prev: 1, Curr: 30000}, 1000, 0, 10, 0, 1, window.State{Start: 1000, Prev: 1, Curr: 20000}, 0},
 		{"token nearly empty", tb, window.State{Start: 1000, Prev: 1, Curr: 99000}, 1000, 30, 0, 0, 3, window.State{Start: 1000, Prev: 1, Curr: 100000}, 1},
+		// Debts that settles left: nothing is leased while they weigh.
+		{"sliding previous window in debt", s, window.State{Start: 1000, Curr: 500}, 2500, 20, 0, 0, 1, window.State{Start: 2000, Prev: 500}, 0},
+		{"sliding debt decayed late in the window", s, window.State{Start: 1000, Curr: 500}, 2900, 20, 0, 0, 1, window.State{Start: 2000, Prev: 500, Curr: 20}, 20},
+		{"sliding current window in debt", s, window.State{Start: 1000, Curr: 130}, 1500, 20, 0, 0, 1, window.State{Start: 1000, Curr: 130}, 0},
+		{"token in debt, owes its burst and a token at most", tb, window.State{Start: 1000, Prev: 1, Curr: 250000}, 1000, 30, 0, 0, 1, window.State{Start: 1000, Prev: 1, Curr: 202000}, 0},
 	}
 }

@@ -596,27 +596,36 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 // undo gives back, locally, what the admitted local charges counted.
 func (s *Store) undo(charges []window.Charge, bs []*binding, out []window.Decision, ms int64) {
 	for i := range charges {
-		b, c := bs[i], &charges[i]
-		if b == nil || !out[i].Allowed || c.Cost == 0 {
-			continue
+		if bs[i] != nil && out[i].Allowed {
+			s.giveBack(&charges[i], bs[i])
 		}
-		sh, id := s.locate(c)
-		sh.mu.Lock()
-		if e, _ := sh.lookup(id); e != nil {
-			cost := int64(c.Cost)
-			if b.set.Mode == fleet.Lease {
-				e.uc += cost
-			} else {
-				if b.lim.Algorithm == window.TokenBucket {
-					e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
-				} else {
-					e.cc = max(0, e.cc-cost)
-				}
-				e.uc = max(0, e.uc-cost)
-			}
-		}
-		sh.mu.Unlock()
 	}
+}
+
+// giveBack takes the cost of c, a charge of a rule in a fleet mode, off
+// its counter in process: back to the slice in lease mode, off the view
+// and what is unsynced in write-back mode (units already pushed stay
+// counted).
+func (s *Store) giveBack(c *window.Charge, b *binding) {
+	if c.Cost == 0 {
+		return
+	}
+	sh, id := s.locate(c)
+	sh.mu.Lock()
+	if e, _ := sh.lookup(id); e != nil {
+		cost := int64(c.Cost)
+		if b.set.Mode == fleet.Lease {
+			e.uc += cost
+		} else {
+			if b.lim.Algorithm == window.TokenBucket {
+				e.cc = max(0, e.cc-cost*(b.lim.Window.Milliseconds()/b.lim.Tick()))
+			} else {
+				e.cc = max(0, e.cc-cost)
+			}
+			e.uc = max(0, e.uc-cost)
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // Busy reports whether a lease call or a waited-for push of some counter

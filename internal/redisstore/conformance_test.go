@@ -89,3 +89,14 @@ func onEachServer(t *testing.T, run func(t *testing.T, newStore func(t *testing.
 		run(t, func(t *testing.T) *Store { return newTestStore(t, cl.Client(t, nil), cl.Prefix(t)) })
 	})
 }
+
+// TestSettleSentinel checks Settle through a Sentinel-managed client
+// (redis.NewFailoverClient), whose scripts reach the master as a
+// standalone client's do.
+func TestSettleSentinel(t *testing.T) {
+	t.Parallel()
+	sen := redistest.Sentinel(t)
+	storetest.RunSettle(t, func(t *testing.T) storetest.Settler {
+		return newTestStore(t, sen.Client(t, nil), sen.Prefix(t))
+	})
+}

@@ -138,13 +138,13 @@ local function one(req, key)
       local level, st = l0, t0
       if r0 ~= r and r0 > 0 then
         local ow = max(floor(win / r0), 1)
-        level = min(floor((level + ow - 1) / ow), burst + 1) * w
+        level = min(floor((level + ow - 1) / ow), 2 * (burst + 1)) * w
         if base >= st then
           st = min(st + r0 - 1, base)
         end
         st = st - st % r
       end
-      level = min(level, (burst + 1) * w)
+      level = min(level, 2 * (burst + 1) * w)
       if base < st then
         s, c, at = st, level, st
       else
@@ -166,9 +166,15 @@ local function one(req, key)
   local function remaining()
     local free
     if code == '0' then
-      local ticks, cap = w / r, limit + 1
-      local e = floor((at - s) / r)
-      free = floor((limit * ticks - (min(p, cap) * (ticks - 1 - e) + min(c, cap) * ticks)) / ticks)
+      -- (limit-c)*ticks - p*(ticks-1-e), exact: a previous count past
+      -- limit + 1 (a debt) is compared by division (window.Fits).
+      local ticks = w / r
+      local k = ticks - 1 - floor((at - s) / r)
+      if c >= limit or (p > limit + 1 and k > 0 and p > floor((limit - c) * ticks / k)) then
+        free = 0
+      else
+        free = floor(((limit - c) * ticks - p * k) / ticks)
+      end
     elseif code == '3' then
       free = floor((burst * w - c) / w)
     else

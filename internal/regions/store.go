@@ -212,13 +212,30 @@ func base(counter string) string { return "{" + counter + "}:" }
 // of the region, so that app servers whose clocks are skewed agree on the
 // window. If c is admitted, Decide remembers its window for the syncer.
 func (s *Store) Decide(ctx context.Context, now int64, c Charge) (Decision, error) {
+	return s.decide(ctx, now, c, c.Limit)
+}
+
+// Settle charges c at now, as Decide does, whatever the regions' count
+// holds: a settle of usage, which cannot be refused. It may take the count
+// past c.Limit (a debt, which the next decisions see: Total past Limit
+// admits nothing until the window, or for a sliding window the next one,
+// ends). Peers that were unreachable still count as their share of
+// c.Limit.
+func (s *Store) Settle(ctx context.Context, now int64, c Charge) (Decision, error) {
+	return s.decide(ctx, now, c, 1<<53-1)
+}
+
+// decide runs the decide script for c, admitting it when the count leaves
+// room for it under limit: c.Limit for a decision, beyond any count for a
+// settle.
+func (s *Store) decide(ctx context.Context, now int64, c Charge, limit int64) (Decision, error) {
 	s.mu.Lock()
 	stale := s.stale
 	s.mu.Unlock()
 	share := Share(c.Limit, s.n)
 	slack := 2*s.cfg.Hold.Milliseconds() + 1000
 	args := make([]any, 0, 8+len(stale))
-	args = append(args, s.cfg.Region, c.Cost, c.Limit, max(now, -1), c.Window, b2i(c.Sliding), share, slack)
+	args = append(args, s.cfg.Region, c.Cost, limit, max(now, -1), c.Window, b2i(c.Sliding), share, slack)
 	for _, p := range stale {
 		args = append(args, p)
 	}

@@ -1117,7 +1117,7 @@ func TestExampleFile(t *testing.T) {
 	for _, r := range cfg.Rules {
 		names = append(names, r.Name)
 	}
-	if want := []string{"api", "login", "login-failures", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
+	if want := []string{"api", "login", "login-failures", "chat", "quotes", "exports", "reports", "slow", "smooth", "uploads", "burst", "work", "work-batch", "work-checkout", "search-trial", "feed", "events"}; !slices.Equal(names, want) {
 		t.Errorf("rules %v, want %v", names, want)
 	}
 	lim, _ := limiter(t, cfg)
