@@ -217,7 +217,9 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 // Metrics: decisions/s, p50-µs and p99-µs of one decision, cmds/decision,
 // the commands clients sent Redis per decision (INFO commandstats: INCR and
 // PEXPIRE for incr-pexpire, EVALSHA and EVAL for the others; see
-// clientCommands), and what Redis did per decision (see reportRedis).
+// clientCommands), what Redis did per decision (see reportRedis), and
+// the app servers' CPU per decision (app-cpu-µs/decision: this process's,
+// the benchmark's own goroutines included).
 func BenchmarkFleet(b *testing.B) {
 	many := make([]string, 100_000)
 	for i := range many {
@@ -241,6 +243,7 @@ func BenchmarkFleet(b *testing.B) {
 				}
 				cmds := clientCommands(b, admin, kind)
 				use := redistest.ReadUsage(b, admin)
+				cpu := redistest.ProcessCPU(b)
 				b.ResetTimer()
 				start := time.Now()
 				lat, nerr, err := runFleet(servers, 64, b.N, keys)
@@ -249,6 +252,10 @@ func BenchmarkFleet(b *testing.B) {
 				flushFleet(lims)
 				elapsed := time.Since(start)
 				b.StopTimer()
+				// The app servers' CPU (this process's), beside Redis's:
+				// what bounds the decisions a machine makes whatever else
+				// runs on it.
+				b.ReportMetric(float64((redistest.ProcessCPU(b)-cpu).Microseconds())/float64(b.N), "app-cpu-µs/decision")
 				if nerr > 0 {
 					b.ReportMetric(100*float64(nerr)/float64(b.N), "%-errors")
 					b.Logf("%d of %d decisions failed; first: %v", nerr, b.N, err)

@@ -390,10 +390,10 @@ func TestSyncCommandsPerDecision(t *testing.T) {
 			if exact.scripts < 0.99 {
 				t.Fatalf("exact mode: %.4f scripts per decision, want about 1", exact.scripts)
 			}
-			t.Logf("exact: %s", exact)
+			t.Logf("%d a second per server, exact: %s", rate, exact)
 			for _, mode := range []SyncMode{SyncLease, SyncWriteBack} {
 				got := redisPerDecision(t, mode, 4, rate, 4*time.Second)
-				t.Logf("%s: %s (1/%.0f of exact mode's commands)", mode, got, exact.commands/got.commands)
+				t.Logf("%d a second per server, %s: %s (1/%.0f of exact mode's commands)", rate, mode, got, exact.commands/got.commands)
 				if got.commands > exact.commands/20 || got.scripts > exact.scripts/20 {
 					t.Errorf("%s: %.4f commands and %.4f scripts per decision, want at most 1/20 of exact mode's %.4f and %.4f",
 						mode, got.commands, got.scripts, exact.commands, exact.scripts)

@@ -56,9 +56,15 @@ type settledEvents struct {
 	errs   []error
 }
 
+// add records s, without its Context (the request's, which the tests
+// compare events without), after checking that it has one.
 func (e *settledEvents) add(s middleware.SettleEvent) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if s.Context == nil {
+		e.errs = append(e.errs, errors.New("a SettleEvent without the request's context"))
+	}
+	s.Context = nil
 	e.events = append(e.events, s)
 }
 
@@ -90,80 +96,73 @@ func chat(h http.Handler) *httptest.ResponseRecorder {
 // with a Retry-After for the estimate; and a read of what is left.
 func TestUsageSettle(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"memory", "redis"} {
-		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			var s middleware.Store
-			if store == "redis" {
-				s = redisStoreFor(t)
-			}
-			lim, ev := usageLimiter(t, s, chatRule())
-			var used string // what the next handler reports, and how
-			h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				switch how, n, _ := strings.Cut(used, ":"); how {
-				case "ctx":
-					units, _ := strconv.Atoi(n)
-					if err := middleware.Settle(r.Context(), units); err != nil {
-						t.Errorf("Settle: %v", err)
-					}
-				case "header":
-					w.Header().Set("X-Usage-Tokens", n)
+	onEachStore(t, func(t *testing.T, s middleware.Store) {
+		lim, ev := usageLimiter(t, s, chatRule())
+		var used string // what the next handler reports, and how
+		h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch how, n, _ := strings.Cut(used, ":"); how {
+			case "ctx":
+				units, _ := strconv.Atoi(n)
+				if err := middleware.Settle(r.Context(), units); err != nil {
+					t.Errorf("Settle: %v", err)
 				}
-				_, _ = io.WriteString(w, "done")
-			}))
+			case "header":
+				w.Header().Set("X-Usage-Tokens", n)
+			}
+			_, _ = io.WriteString(w, "done")
+		}))
 
-			// Admitted with an estimate of 100: 900 tokens left, then 500
-			// used in all.
-			used = "ctx:500"
-			rr := chat(h)
-			if rr.Code != 200 {
-				t.Fatalf("first request: %d", rr.Code)
-			}
-			// Each policy's t: when its estimate stops weighing, in the
-			// next window.
-			if got, want := rr.Header().Get("RateLimit"), `"chat";r=59;t=120, "chat-tokens";r=900;t=61`; got != want {
-				t.Errorf("RateLimit %q, want %q", got, want)
-			}
-			if got, want := rr.Header().Get("RateLimit-Policy"), `"chat";q=60;w=60, "chat-tokens";q=1000;w=60`; got != want {
-				t.Errorf("RateLimit-Policy %q, want %q", got, want)
-			}
-			events, errs := ev.take()
-			if len(errs) > 0 || len(events) != 1 || events[0] != (middleware.SettleEvent{Rule: "chat", Policy: "chat-tokens", Units: 500, Charged: 400}) {
-				t.Fatalf("settle events %+v, errors %v", events, errs)
-			}
+		// Admitted with an estimate of 100: 900 tokens left, then 500
+		// used in all.
+		used = "ctx:500"
+		rr := chat(h)
+		if rr.Code != 200 {
+			t.Fatalf("first request: %d", rr.Code)
+		}
+		// Each policy's t: when its estimate stops weighing, in the
+		// next window.
+		if got, want := rr.Header().Get("RateLimit"), `"chat";r=59;t=120, "chat-tokens";r=900;t=61`; got != want {
+			t.Errorf("RateLimit %q, want %q", got, want)
+		}
+		if got, want := rr.Header().Get("RateLimit-Policy"), `"chat";q=60;w=60, "chat-tokens";q=1000;w=60`; got != want {
+			t.Errorf("RateLimit-Policy %q, want %q", got, want)
+		}
+		events, errs := ev.take()
+		if len(errs) > 0 || len(events) != 1 || events[0] != (middleware.SettleEvent{Rule: "chat", Policy: "chat-tokens", Units: 500, Charged: 400}) {
+			t.Fatalf("settle events %+v, errors %v", events, errs)
+		}
 
-			// 400 left; this one reports 600 in the header: 100 past the
-			// limit. The header never reaches the client.
-			used = "header:600"
-			rr = chat(h)
-			if rr.Code != 200 || rr.Header().Get("X-Usage-Tokens") != "" {
-				t.Fatalf("second request: %d, usage header %q sent", rr.Code, rr.Header().Get("X-Usage-Tokens"))
-			}
-			events, errs = ev.take()
-			if len(errs) > 0 || len(events) != 1 || events[0].Charged != 500 || events[0].Debt != 100 {
-				t.Fatalf("settle events %+v, errors %v", events, errs)
-			}
+		// 400 left; this one reports 600 in the header: 100 past the
+		// limit. The header never reaches the client.
+		used = "header:600"
+		rr = chat(h)
+		if rr.Code != 200 || rr.Header().Get("X-Usage-Tokens") != "" {
+			t.Fatalf("second request: %d, usage header %q sent", rr.Code, rr.Header().Get("X-Usage-Tokens"))
+		}
+		events, errs = ev.take()
+		if len(errs) > 0 || len(events) != 1 || events[0].Charged != 500 || events[0].Debt != 100 {
+			t.Fatalf("settle events %+v, errors %v", events, errs)
+		}
 
-			// In debt: denied by the token policy, Remaining 0, and a
-			// Retry-After for the estimate of 100 (the window's last tick:
-			// the debt weighs until the next one ends).
-			used = ""
-			rr = chat(h)
-			if rr.Code != http.StatusTooManyRequests {
-				t.Fatalf("in debt: %d", rr.Code)
-			}
-			if got := rr.Header().Get("X-RateLimit-Remaining"); got != "0" {
-				t.Errorf("in debt: Remaining %q", got)
-			}
-			ra, _ := strconv.Atoi(rr.Header().Get("Retry-After"))
-			if ra < 60 || ra > 120 {
-				t.Errorf("in debt: Retry-After %d s, want within the next window", ra)
-			}
-			if !strings.Contains(rr.Body.String(), `"policy":"chat-tokens"`) {
-				t.Errorf("in debt: body %s, want the token policy", rr.Body)
-			}
-		})
-	}
+		// In debt: denied by the token policy, Remaining 0, and a
+		// Retry-After for the estimate of 100 (the window's last tick:
+		// the debt weighs until the next one ends).
+		used = ""
+		rr = chat(h)
+		if rr.Code != http.StatusTooManyRequests {
+			t.Fatalf("in debt: %d", rr.Code)
+		}
+		if got := rr.Header().Get("X-RateLimit-Remaining"); got != "0" {
+			t.Errorf("in debt: Remaining %q", got)
+		}
+		ra, _ := strconv.Atoi(rr.Header().Get("Retry-After"))
+		if ra < 60 || ra > 120 {
+			t.Errorf("in debt: Retry-After %d s, want within the next window", ra)
+		}
+		if !strings.Contains(rr.Body.String(), `"policy":"chat-tokens"`) {
+			t.Errorf("in debt: body %s, want the token policy", rr.Body)
+		}
+	})
 }
 
 // TestUsageNotSpent: a request whose estimate does not fit what is left
@@ -275,6 +274,21 @@ func TestUsageBadInput(t *testing.T) {
 	chat(use) // 1600: spent
 	if rr := chat(use); rr.Code != 429 || !errors.Is(deniedErr, middleware.ErrNoUsage) {
 		t.Errorf("denied request: %d, Settle %v", rr.Code, deniedErr)
+	}
+}
+
+// onEachStore runs run in parallel subtests on the memory store (nil: the
+// limiter's own) and on the shared Redis.
+func onEachStore(t *testing.T, run func(t *testing.T, s middleware.Store)) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var s middleware.Store
+			if store == "redis" {
+				s = redisStoreFor(t)
+			}
+			run(t, s)
+		})
 	}
 }
 
@@ -402,32 +416,25 @@ func TestUsageConfig(t *testing.T) {
 // the counter holds, into debt, which the next decision sees.
 func TestCharge(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"memory", "redis"} {
-		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			var s middleware.Store
-			if store == "redis" {
-				s = redisStoreFor(t)
-			}
-			rule := middleware.Rule{Name: "stream", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100)},
-				CostFunc: func(r keyfunc.Request) int { n, _ := strconv.Atoi(r.Header("X-Tokens")); return n }}
-			lim, ev := usageLimiter(t, s, rule)
-			r := httptest.NewRequest(http.MethodPost, "/", nil)
-			r.RemoteAddr = "192.0.2.3:1"
-			r.Header.Set("X-Tokens", "130")
-			res, err := lim.Charge(keyfunc.FromHTTP(r))
-			if err != nil || !res.Allowed || res.Remaining != 0 || res.Policy != "stream" {
-				t.Fatalf("Charge: %+v %v", res, err)
-			}
-			if events, _ := ev.take(); len(events) != 1 || events[0].Charged != 130 || events[0].Debt != 30 {
-				t.Fatalf("events %+v", events)
-			}
-			r.Header.Set("X-Tokens", "1")
-			if res, err := lim.Decide(keyfunc.FromHTTP(r)); err != nil || res.Allowed || res.RetryAfter <= 0 {
-				t.Fatalf("after a charge into debt: %+v %v", res, err)
-			}
-		})
-	}
+	onEachStore(t, func(t *testing.T, s middleware.Store) {
+		rule := middleware.Rule{Name: "stream", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(100)},
+			CostFunc: func(r keyfunc.Request) int { n, _ := strconv.Atoi(r.Header("X-Tokens")); return n }}
+		lim, ev := usageLimiter(t, s, rule)
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.RemoteAddr = "192.0.2.3:1"
+		r.Header.Set("X-Tokens", "130")
+		res, err := lim.Charge(keyfunc.FromHTTP(r))
+		if err != nil || !res.Allowed || res.Remaining != 0 || res.Policy != "stream" {
+			t.Fatalf("Charge: %+v %v", res, err)
+		}
+		if events, _ := ev.take(); len(events) != 1 || events[0].Charged != 130 || events[0].Debt != 30 {
+			t.Fatalf("events %+v", events)
+		}
+		r.Header.Set("X-Tokens", "1")
+		if res, err := lim.Decide(keyfunc.FromHTTP(r)); err != nil || res.Allowed || res.RetryAfter <= 0 {
+			t.Fatalf("after a charge into debt: %+v %v", res, err)
+		}
+	})
 	// A store that cannot settle.
 	lim := newLimiter(t, middleware.PerMinute(1), keyfunc.RemoteIP(), middleware.WithStore(&failingStore{}))
 	if _, err := lim.Charge(keyfunc.FromHTTP(get("192.0.2.1:1"))); err == nil {
@@ -441,74 +448,67 @@ func TestCharge(t *testing.T) {
 // what is charged; a client that reads to the end is charged all of it.
 func TestUsageStreamCancelled(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"memory", "redis"} {
-		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			var s middleware.Store
-			if store == "redis" {
-				s = redisStoreFor(t)
-			}
-			lim, ev := usageLimiter(t, s, chatRule())
-			const tokens = 50
-			produced := make(chan int, 8)
-			srv := httptest.NewServer(lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				n := 0
-				defer func() {
-					produced <- n
-					if err := middleware.Settle(r.Context(), n); err != nil {
-						t.Errorf("Settle(%d): %v", n, err)
-					}
-				}()
-				for n < tokens {
-					if _, err := fmt.Fprintf(w, "data: token %d\n\n", n); err != nil {
-						return
-					}
-					if err := http.NewResponseController(w).Flush(); err != nil {
-						return
-					}
-					n++
-					select {
-					case <-r.Context().Done():
-						return
-					case <-time.After(2 * time.Millisecond):
-					}
+	onEachStore(t, func(t *testing.T, s middleware.Store) {
+		lim, ev := usageLimiter(t, s, chatRule())
+		const tokens = 50
+		produced := make(chan int, 8)
+		srv := httptest.NewServer(lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			n := 0
+			defer func() {
+				produced <- n
+				if err := middleware.Settle(r.Context(), n); err != nil {
+					t.Errorf("Settle(%d): %v", n, err)
 				}
-			})))
-			t.Cleanup(srv.Close)
-			stream := func(read int) {
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
+			}()
+			for n < tokens {
+				if _, err := fmt.Fprintf(w, "data: token %d\n\n", n); err != nil {
+					return
 				}
-				defer resp.Body.Close()
-				for i := 0; i < read; i++ {
-					buf := make([]byte, len(fmt.Sprintf("data: token %d\n\n", i)))
-					if _, err := io.ReadFull(resp.Body, buf); err != nil {
-						t.Fatalf("read %d: %v", i, err)
-					}
+				if err := http.NewResponseController(w).Flush(); err != nil {
+					return
 				}
-				cancel() // the client goes away mid-stream
+				n++
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(2 * time.Millisecond):
+				}
 			}
-			stream(5)
-			first := <-produced
-			stream(tokens)
-			second := <-produced
-			if first < 5 || first >= tokens || second != tokens {
-				t.Fatalf("produced %d then %d, want at least 5 but not all, then all %d", first, second, tokens)
+		})))
+		t.Cleanup(srv.Close)
+		stream := func(read int) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
 			}
-			var events []middleware.SettleEvent
-			for deadline := time.Now().Add(5 * time.Second); len(events) < 2 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				e, _ := ev.take()
-				events = append(events, e...)
+			defer resp.Body.Close()
+			for i := 0; i < read; i++ {
+				buf := make([]byte, len(fmt.Sprintf("data: token %d\n\n", i)))
+				if _, err := io.ReadFull(resp.Body, buf); err != nil {
+					t.Fatalf("read %d: %v", i, err)
+				}
 			}
-			// Estimate 100: both give back what they did not produce.
-			if len(events) != 2 || events[0].Units != first || events[0].Charged != first-100 || events[1].Units != tokens || events[1].Charged != tokens-100 {
-				t.Fatalf("events %+v: want %d and %d tokens settled", events, first, tokens)
-			}
-		})
-	}
+			cancel() // the client goes away mid-stream
+		}
+		stream(5)
+		first := <-produced
+		stream(tokens)
+		second := <-produced
+		if first < 5 || first >= tokens || second != tokens {
+			t.Fatalf("produced %d then %d, want at least 5 but not all, then all %d", first, second, tokens)
+		}
+		var events []middleware.SettleEvent
+		for deadline := time.Now().Add(5 * time.Second); len(events) < 2 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			e, _ := ev.take()
+			events = append(events, e...)
+		}
+		// Estimate 100: both give back what they did not produce.
+		if len(events) != 2 || events[0].Units != first || events[0].Charged != first-100 || events[1].Units != tokens || events[1].Charged != tokens-100 {
+			t.Fatalf("events %+v: want %d and %d tokens settled", events, first, tokens)
+		}
+	})
 }

@@ -143,6 +143,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// CloseIdleConnections closes the idle connections of the base transport,
+// if it has that method (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // Waiting returns how many requests wait for their turn in the Transport
 // now.
 func (t *Transport) Waiting() int { return t.queues.len() }

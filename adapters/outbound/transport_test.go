@@ -435,6 +435,28 @@ func TestRequest(t *testing.T) {
 	}
 }
 
+// TestCloseIdleConnections: the client's CloseIdleConnections reaches the
+// base transport.
+func TestCloseIdleConnections(t *testing.T) {
+	t.Parallel()
+	base := &idleCloser{}
+	tr, err := outbound.New(newLimiter(t, hostRule(middleware.PerSecond(1))), outbound.Options{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&http.Client{Transport: tr}).CloseIdleConnections()
+	if !base.closed.Load() {
+		t.Error("the base transport's idle connections were not closed")
+	}
+}
+
+type idleCloser struct {
+	http.Transport
+	closed atomic.Bool
+}
+
+func (c *idleCloser) CloseIdleConnections() { c.closed.Store(true) }
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

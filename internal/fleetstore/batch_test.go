@@ -58,7 +58,8 @@ func (c countLeases) Fleet(ctx context.Context, deadline time.Time, call *fleet.
 // TestLeaseCallsShareScriptRuns has 4 app servers (each its own client)
 // with 64 requests in flight each decide twice in a row for each of many
 // keys: the first decision of a key is decided exactly (a cold counter),
-// the second is a lease call, and the calls made at the same moment must
+// the second (nearly always) is a lease call, and the calls made at the
+// same moment must
 // share script runs, as exact decisions do (one EVALSHA for the calls of
 // one batch). It counts the scripts run (INFO commandstats) against the
 // calls made: at most one run per 4 calls, where calls that each ran
@@ -116,10 +117,13 @@ func TestLeaseCallsShareScriptRuns(t *testing.T) {
 	runs := scriptCalls(t, admin) - before
 	calls := leases.Load()
 	t.Logf("%d decisions, %d lease calls, %d script runs: %.3f runs per call", 2*n, calls, runs, float64(runs)/float64(2*n))
-	if calls != n {
-		t.Fatalf("%d lease calls for %d keys decided twice, want one each", calls, n)
+	// A key's second decision leases unless another key took its slot in
+	// the memory of recent uses between its two decisions (see uses):
+	// then it too is decided exactly.
+	if calls > n || calls < n*95/100 {
+		t.Fatalf("%d lease calls for %d keys decided twice, want about one each", calls, n)
 	}
 	if runs < 1 || 4*runs > 2*n {
-		t.Errorf("%d script runs for %d exact decisions and %d lease calls, want between 1 and one per 4 calls", runs, n, calls)
+		t.Errorf("%d script runs for %d exact decisions and %d lease calls, want between 1 and one per 4 calls", runs, 2*n-calls, calls)
 	}
 }

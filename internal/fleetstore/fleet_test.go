@@ -368,3 +368,87 @@ func TestWriteBackBlindBound(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteBackCountsWait checks what the syncer does with counts decided
+// blind on a real Redis: they wait while the counter is far from its
+// limit (no push at each tick), are pushed once their window is about to
+// end (a fixed window) or has ended (a sliding window), and by Close.
+func TestWriteBackCountsWait(t *testing.T) {
+	t.Parallel()
+	srvR := redistest.Shared(t)
+	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			const interval = 100
+			l := window.Limit{Requests: 1000, Window: 10 * time.Second, Algorithm: alg}
+			set := Settings{Mode: fleet.WriteBack, SyncInterval: interval * time.Millisecond, MaxUnsynced: 100}
+			prefix := srvR.Prefix(t)
+			srv := newServer(t, srvR.Client(t, nil), prefix, map[string]Settings{"r": set}, Events{})
+			ctx := context.Background()
+			c := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 1}}
+			out := make([]window.Decision, 1)
+			// In Redis: the exact store's count, read without charging.
+			counted := func(at time.Time) int {
+				t.Helper()
+				read := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 0}}
+				if _, err := srv.exact.Take(ctx, at, read, out); err != nil {
+					t.Fatal(err)
+				}
+				return l.Requests - out[0].Remaining
+			}
+			take := func(at time.Time, n int) {
+				t.Helper()
+				for i := 0; i < n; i++ {
+					if ok, err := srv.layer.Take(ctx, at, c, out); err != nil || !ok {
+						t.Fatalf("denied or failed: %v", err)
+					}
+				}
+			}
+			at := t0.Add(10 * time.Millisecond)
+			tick := func(until time.Time) {
+				for at.Before(until) {
+					at = at.Add(interval * time.Millisecond)
+					srv.layer.Sync(ctx, at, false)
+				}
+			}
+			take(at, 1) // first seen: pushed at the next tick
+			tick(at.Add(500 * time.Millisecond))
+			if n := counted(at); n != 1 {
+				t.Fatalf("after the first tick: %d counted in Redis, want 1", n)
+			}
+			take(at, 10) // stale view, far from the limit: blind
+			if b := srv.layer.Blind(); b != 11 {
+				t.Fatalf("%d units admitted blind, want 11 (the first, never synced, and 10)", b)
+			}
+			tick(at.Add(5 * time.Second))
+			if n := counted(at); n != 1 {
+				t.Fatalf("5 s later: %d counted in Redis, want 1 (the blind counts wait)", n)
+			}
+			if alg == window.FixedWindow {
+				// Pushed at the last visit before the window ends.
+				tick(t0.Add(l.Window - 150*time.Millisecond))
+				if n := counted(at); n != 11 {
+					t.Fatalf("at the window's end: %d counted in Redis, want 11", n)
+				}
+			} else {
+				// Pushed once the window ended (to the previous window,
+				// which weighs on the current one).
+				tick(t0.Add(l.Window + 2*time.Second))
+				if n := counted(at); n < 5 || n > 11 {
+					t.Fatalf("in the next window: %d counted in Redis, want the 11 of the last one, weighted", n)
+				}
+			}
+			// Close pushes what waits.
+			tick(at.Add(time.Second))
+			take(at, 5)
+			if b := srv.layer.Blind(); b != 16 {
+				t.Fatalf("%d units admitted blind, want 16", b)
+			}
+			before := counted(at)
+			srv.layer.Sync(ctx, at, true)
+			if n := counted(at); n != before+5 {
+				t.Fatalf("after the final sync: %d counted in Redis, want %d", n, before+5)
+			}
+		})
+	}
+}

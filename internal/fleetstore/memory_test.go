@@ -124,3 +124,33 @@ func TestBindings(t *testing.T) {
 		t.Fatalf("a charge of a rule without settings got binding %+v", b)
 	}
 }
+
+// TestUses checks the memory of lease counters' last uses: unknown at
+// first, recent or stale by the window asked, unknown again once another
+// counter takes the slot, and right across the 40-bit wrap of instants.
+func TestUses(t *testing.T) {
+	var u uses
+	a := ident{h1: 0xabc << 44, h2: 7 << 32}
+	b := ident{h1: 0xdef << 44, h2: 7 << 32} // the same slot, another tag
+	steps := []struct {
+		id     ident
+		ms     int64
+		within int64
+		want   int
+	}{
+		{a, 1000, 200, useUnknown},
+		{a, 1150, 200, useRecent},
+		{a, 1400, 200, useStale},
+		{b, 1450, 200, useUnknown},
+		{a, 1500, 200, useUnknown},
+		{a, 1<<40 + 100, 200, useStale},
+		{a, 1<<40 + 250, 200, useRecent},
+		{a, 1<<41 - 50, 200, useStale},
+		{a, 1<<41 + 50, 200, useRecent},
+	}
+	for i, st := range steps {
+		if got := u.note(st.id, st.ms, st.within); got != st.want {
+			t.Errorf("step %d: note at %d = %d, want %d", i, st.ms, got, st.want)
+		}
+	}
+}

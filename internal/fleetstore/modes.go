@@ -37,12 +37,15 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 	e.setView(&v)
 	e.used = ms
 	if ok && cost > 0 {
-		sh.enlist(id, e)
 		if !blind {
+			sh.enlist(id, e)
 			// Blind units are in fleet.Blind's D already.
 			bl := e.blind()
 			bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
 			e.setBlind(bl)
+		} else if e.flags&listed == 0 {
+			// Counts decided blind may wait in the later list.
+			sh.enlist(id, e)
 		}
 	}
 	need := ok && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
@@ -166,13 +169,35 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 // used for two intervals (or ever), so that a slice would cost the exact
 // store's single call, and likely one more to give back what it left. A
 // counter used again within two intervals is busy, and leases from 2 units
-// on.
+// on. Which counters were used lately is known from Store.uses first, so
+// that a cold counter costs no entry in the table (at 100,000 keys, a
+// lookup in the table misses the processor's caches twice).
 func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (ok, cold bool, err error) {
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
+	busy := false
+	switch s.uses.note(id, ms, 2*b.interval) {
+	case useStale:
+		// Not used for two intervals: no slice (an idle counter's went
+		// back), and no need to look in the table.
+		return false, true, nil
+	case useRecent:
+		busy = true
+	}
 	for {
 		sh.mu.Lock()
-		e := s.entryFor(sh, id, c, b, ms)
+		var e *entry
+		if busy {
+			e = s.entryFor(sh, id, c, b, ms)
+		} else if e, _ = sh.lookup(id); e == nil {
+			// Unknown to the table, and not known to have been used
+			// lately: decided exactly, without an entry, which its next
+			// use within two intervals makes.
+			sh.mu.Unlock()
+			return false, true, nil
+		} else {
+			e.b = b
+		}
 		last := e.used
 		e.used = ms
 		if e.up > ms && e.uc >= cost {
@@ -208,7 +233,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			sh.mu.Unlock()
 			return false, false, nil
 		}
-		if e.flags&granting == 0 && (e.up <= ms || e.uc == 0) && (last == 0 || ms-last > 2*b.interval) {
+		if !busy && e.flags&granting == 0 && (e.up <= ms || e.uc == 0) && (last == 0 || ms-last > 2*b.interval) {
 			e.inflight = 2
 			sh.mu.Unlock()
 			return false, true, nil
@@ -440,6 +465,7 @@ func (s *Store) merged(sh *shard, id ident, j *job, rep *fleet.Reply, err error,
 		bl := e.blind()
 		bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
 		e.setBlind(bl)
+		sh.enlist(id, e) // retried at the next tick
 		s.failUntil.Store(ms + j.b.interval)
 		return err
 	}
@@ -493,12 +519,15 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 			b := e.b
 			recent := ms-e.used <= 2*b.interval
 			if b.set.Mode == fleet.WriteBack {
-				if (final || tick%b.every == 0) && pushDue(e, ms, recent, final) {
-					v := e.view()
-					d := v.Detach()
-					e.setView(&v)
-					e.inflight += d.Prev + d.Curr
-					jobs = append(jobs, job{b: b, fid: e.fid, delta: d, id: id, sh: sh})
+				if final || tick%b.every == 0 {
+					push, wait := pushDue(e, ms, recent, final)
+					if push {
+						jobs = append(jobs, detach(sh, id, e))
+					} else if wait {
+						// Visited every laterEvery ticks from now on.
+						sh.postpone(id, e)
+						continue
+					}
 				}
 				if recent || e.uc != 0 || e.up != 0 || e.inflight != 0 {
 					keep = append(keep, id)
@@ -537,6 +566,35 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 		}
 		clear(sh.list[len(keep):])
 		sh.list = keep
+		if final || tick%laterEvery == 0 {
+			waiting := sh.later[:0]
+			for _, id := range sh.later {
+				e, _ := sh.lookup(id)
+				if e == nil || e.flags&(later|seen) != later {
+					// Evicted, back in the list, or seen already in this
+					// pass (an entry that went back to the list and came
+					// again).
+					continue
+				}
+				push, wait := pushDue(e, ms, ms-e.used <= 2*e.b.interval, final)
+				if wait {
+					e.flags |= seen
+					waiting = append(waiting, id)
+					continue
+				}
+				if push {
+					jobs = append(jobs, detach(sh, id, e))
+				}
+				e.flags &^= later | listed
+			}
+			for _, id := range waiting {
+				if e, _ := sh.lookup(id); e != nil {
+					e.flags &^= seen
+				}
+			}
+			clear(sh.later[len(waiting):])
+			sh.later = waiting
+		}
 		sh.mu.Unlock()
 	}
 	s.omu.Lock()
@@ -592,20 +650,22 @@ func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
 
 // pushDue reports whether the syncer pushes the unsynced counts of
 // write-back entry e (or reads the fleet's count of it) at a tick at ms,
-// after rolling its view to ms. Counts are pushed every interval while
+// after rolling its view to ms, and if not, whether counts wait (then the
+// entry is visited every laterEvery ticks only, so that a tick costs what
+// the counters used lately cost, however many counts wait). Counts are pushed every interval while
 // the counter is used from a fresh view (synced in the last two
 // intervals, which the push keeps it) or is near its limit (less than half
 // of it left), at the first tick after a counter's first decision (which
 // learns the fleet's count), and by Close. Otherwise, counts decided
 // blind (fleet.Blind)
 // wait until they are half of max_unsynced or belong to the previous
-// window (or, for a fixed window, to one that ends before the next tick):
+// window (or, for a fixed window, to one that ends before the next visit):
 // they are within the server's share of the bound wherever they are, and
 // a counter decided now and then costs a push per window rather than one
 // per decision. A token bucket's counts are pushed every
 // interval. A counter used lately and near its limit is read again even
 // with nothing to push. e's shard must be locked.
-func pushDue(e *entry, ms int64, recent, final bool) bool {
+func pushDue(e *entry, ms int64, recent, final bool) (push, wait bool) {
 	b := e.b
 	l := &b.lim
 	v := e.view()
@@ -613,24 +673,37 @@ func pushDue(e *entry, ms int64, recent, final bool) bool {
 	e.setView(&v)
 	u := v.Unsynced()
 	if l.Algorithm == window.TokenBucket {
-		return u != 0 || recent && !final
+		return u != 0 || recent && !final, false
 	}
 	near := fleet.Remaining(l, v.C, at) < int64(l.Requests)/2
 	if u == 0 {
-		return recent && near && !final
+		return recent && near && !final, false
 	}
 	if e.synced == 0 || ms-e.synced <= 2*b.interval {
 		// Never synced (the push learns the fleet's count), or fresh.
-		return true
+		return true, false
 	}
 	if l.Algorithm == window.FixedWindow {
 		// A fixed window's counts are dropped when it ends: pushed at the
-		// last tick before.
-		if _, end := l.Bounds(v.C.Start); end-ms <= b.interval {
-			return true
+		// last visit before.
+		if _, end := l.Bounds(v.C.Start); end-ms <= laterEvery*b.interval {
+			return true, false
 		}
 	}
-	return final || near || v.U.Prev != 0 || 2*u >= b.maxUnsynced
+	if final || near || v.U.Prev != 0 || 2*u >= b.maxUnsynced {
+		return true, false
+	}
+	return false, true
+}
+
+// detach takes the unsynced counts of write-back entry e of id out of its
+// view, as a job that pushes them. sh must be locked.
+func detach(sh *shard, id ident, e *entry) job {
+	v := e.view()
+	d := v.Detach()
+	e.setView(&v)
+	e.inflight += d.Prev + d.Curr
+	return job{b: e.b, fid: e.fid, delta: d, id: id, sh: sh}
 }
 
 // runJob makes one call of a tick and applies its reply.

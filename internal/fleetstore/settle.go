@@ -95,6 +95,11 @@ func (s *Store) settleWriteBack(ctx context.Context, c *window.Charge, b *bindin
 	e.used = ms
 	if cost > 0 {
 		sh.enlist(id, e)
+		// Unsynced units the others have not seen, as an admission's
+		// (fleet.Blind's M).
+		bl := e.blind()
+		bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
+		e.setBlind(bl)
 	}
 	need := cost > 0 && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
 	sh.mu.Unlock()

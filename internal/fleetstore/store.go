@@ -35,7 +35,8 @@
 // interval the syncer pushes the deltas (keyed by window, fleet.Delta) of
 // the counters used from fresh views or near their limit, and merges the
 // fleet's count that comes back; counts decided blind wait until they are
-// half of max_unsynced or their window ends. Over the limit, per window:
+// half of max_unsynced or their window ends, and their counters are
+// visited every 16 ticks only (a later list). Over the limit, per window:
 // at most servers × max_unsynced, plus what the fleet admits in one sync
 // interval (fleet.OverBound).
 //
@@ -56,7 +57,10 @@
 // next tick, or dropped (and counted) if more than 4096 wait. An entry is
 // 112 bytes, plus its share of the index and of the allocator's rounding:
 // the heap grows by about 120 bytes per counter (TestMemoryPerKey checks
-// at most 128). There is one goroutine per store (the syncer,
+// at most 128). A lease counter takes an entry only once it is busy: the
+// last uses of the others are kept in a fixed array of 65,536 slots
+// (512 KiB, made with the first lease charge). There is one goroutine per
+// store (the syncer,
 // which makes a tick's calls from up to 16 goroutines while the tick
 // runs, or, with a BatchBackend such as the Redis store, sends them in
 // chunks of 256 calls that share script runs, from up to 4), and a busy
@@ -99,7 +103,10 @@ const (
 	// from chunkWorkers goroutines: chunks of a few hundred share script
 	// runs without holding back for long the decisions queued with them.
 	chunk, chunkWorkers = 256, 4
-	shards              = 64
+	// laterEvery is how often, in ticks, the syncer visits the write-back
+	// counters whose counts wait (see pushDue).
+	laterEvery = 16
+	shards     = 64
 )
 
 // Settings are a rule's coordination settings.
@@ -217,6 +224,9 @@ type Store struct {
 
 	omu     sync.Mutex
 	orphans []job
+
+	// uses remembers the last use of lease counters (see takeLease).
+	uses uses
 
 	tick      atomic.Int64
 	evictions atomic.Uint64

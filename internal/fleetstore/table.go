@@ -3,6 +3,7 @@ package fleetstore
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/fleet"
@@ -48,6 +49,13 @@ const (
 	// full: the last lease call granted nothing; until up, requests that
 	// the slice left does not cover are denied without asking again.
 	full
+	// later: a listed write-back entry whose counts wait (see pushDue) is
+	// in its shard's later list, which the syncer visits every laterEvery
+	// ticks, rather than in its list.
+	later
+	// seen: the syncer kept the entry in its later list in the visit
+	// under way.
+	seen
 )
 
 // entry is one counter in process, 112 bytes. Its fields hold, by mode:
@@ -107,8 +115,10 @@ type shard struct {
 	chunks [][]entry
 	n      int
 	max    int
-	// list holds the entries the syncer visits.
-	list []ident
+	// list holds the entries the syncer visits at every tick, and later
+	// those it visits every laterEvery ticks (flag later): an id may stay
+	// in later after its entry left it, and is dropped when visited.
+	list, later []ident
 	// waits holds, for entries with a lease call or a push on its way,
 	// what the requests that need it wait on.
 	waits map[ident]chan struct{}
@@ -245,10 +255,58 @@ func (sh *shard) unplace(p int) {
 	}
 }
 
-// enlist adds entry e of id to the entries the syncer visits.
+// enlist adds entry e of id to the entries the syncer visits at every
+// tick, and takes it out of its later list if it was there.
 func (sh *shard) enlist(id ident, e *entry) {
-	if e.flags&listed == 0 {
-		e.flags |= listed
+	if e.flags&listed == 0 || e.flags&later != 0 {
+		e.flags = e.flags&^later | listed
 		sh.list = append(sh.list, id)
 	}
+}
+
+// postpone moves listed entry e of id to the syncer's later list; the
+// caller drops id from the list.
+func (sh *shard) postpone(id ident, e *entry) {
+	e.flags |= later
+	sh.later = append(sh.later, id)
+}
+
+// uses remembers when lease counters were last used, in a fixed array of
+// slots indexed by a hash of their identity, each holding a tag of the
+// identity and the instant (Unix ms, 40 bits): a counter whose slot has
+// its tag knows its last use without a lookup in the table; one whose slot
+// another counter took is unknown. Made on first use.
+type uses struct {
+	once  sync.Once
+	slots []atomic.Uint64
+}
+
+const (
+	usesSlots = 1 << 16
+	usesBits  = 40
+	usesMask  = 1<<usesBits - 1
+)
+
+// The state of a counter's last use (uses.note).
+const (
+	useUnknown = iota
+	useRecent
+	useStale
+)
+
+// note records that counter id is used at ms, and returns whether its
+// previous use was within within ms (useRecent), before it (useStale), or
+// is unknown.
+func (u *uses) note(id ident, ms, within int64) int {
+	u.once.Do(func() { u.slots = make([]atomic.Uint64, usesSlots) })
+	slot := &u.slots[id.h2>>32%usesSlots]
+	tag := id.h1 >> usesBits
+	old := slot.Swap(tag<<usesBits | uint64(ms)&usesMask)
+	switch {
+	case old == 0 || old>>usesBits != tag:
+		return useUnknown
+	case (uint64(ms)-old)&usesMask <= uint64(within):
+		return useRecent
+	}
+	return useStale
 }
