@@ -33,7 +33,10 @@ type Health struct {
 type ServerHealth struct {
 	Server string
 	Up     bool
-	// Cause is why it is down.
+	// Slow reports that it is not up because it answers too late (see
+	// RedisConfig.Timeout).
+	Slow bool
+	// Cause is why it is down or slow.
 	Cause error
 }
 
@@ -90,7 +93,7 @@ func (l *Limiter) Health() Health {
 	}
 	for _, rs := range redis {
 		for _, st := range rs.s.Servers() {
-			h.Servers = append(h.Servers, ServerHealth{Server: st.Server, Up: st.Up, Cause: st.Cause})
+			h.Servers = append(h.Servers, ServerHealth{Server: st.Server, Up: st.Up, Slow: st.Slow, Cause: st.Cause})
 		}
 	}
 	if t := l.top.t; t != nil {

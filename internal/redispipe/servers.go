@@ -7,9 +7,11 @@ type ServerState struct {
 	// Server is the destination's address ("FailoverClient" for a
 	// Sentinel client).
 	Server string
-	// Up reports whether calls are sent to it; Cause is why it is down.
-	Up    bool
-	Cause error
+	// Up reports whether calls are sent to it; Slow, that it is not up
+	// because its server answers too late (see Config.Bound); Cause is
+	// why it is down or slow.
+	Up, Slow bool
+	Cause    error
 }
 
 // Servers returns the health of every destination the Pipeliner has sent
@@ -27,7 +29,7 @@ func (p *Pipeliner) Servers() []ServerState {
 	out := make([]ServerState, len(dests))
 	for i, d := range dests {
 		d.mu.Lock()
-		out[i] = ServerState{Server: d.name, Up: !d.down, Cause: d.downErr}
+		out[i] = ServerState{Server: d.name, Up: d.state == up, Slow: d.state == slow, Cause: d.downErr}
 		d.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Server < out[j].Server })
