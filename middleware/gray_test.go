@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/delayproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -333,15 +335,12 @@ func TestSlowRedis(t *testing.T) {
 // TestSlowRedis only logs a missed timing goal.
 const grayBusyLag = 50 * time.Millisecond
 
-// checkGray asserts the goals of TestSlowRedis on what c saw.
-func checkGray(t *testing.T, c grayCase, r grayRun) {
-	t.Helper()
-	bound := r.timeout + 25*time.Millisecond
-	var lag time.Duration
-	for _, o := range r.outcomes {
-		lag = max(lag, o.lag)
-	}
-	timing := func(format string, args ...any) {
+// timingGate returns a function that reports a missed timing goal as an
+// error, or only logs it if this process went unscheduled for more than
+// grayBusyLag (lag): the machine was then too busy for timing to prove
+// anything.
+func timingGate(t *testing.T, lag time.Duration) func(format string, args ...any) {
+	return func(format string, args ...any) {
 		t.Helper()
 		if lag > grayBusyLag {
 			t.Logf("NOT FAILED, the machine was too busy (this process went unscheduled for up to %v): "+format,
@@ -350,6 +349,17 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 		}
 		t.Errorf(format, args...)
 	}
+}
+
+// checkGray asserts the goals of TestSlowRedis on what c saw.
+func checkGray(t *testing.T, c grayCase, r grayRun) {
+	t.Helper()
+	bound := r.timeout + 25*time.Millisecond
+	var lag time.Duration
+	for _, o := range r.outcomes {
+		lag = max(lag, o.lag)
+	}
+	timing := timingGate(t, lag)
 	in := func(o outcome, from, to time.Time) bool { return !o.at.Before(from) && o.at.Before(to) }
 	f := r.figures(c.interval(), r.onSlow)
 	t.Logf("D %s: %d requests in the slow phase for the slow server's keys (%d offered): %d decided by Redis, %d answered within %v beyond lag (%.1f %%), worst %v (%v beyond lag); decided again %v after the link was fast; this process went unscheduled for up to %v",
@@ -436,5 +446,324 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 			}
 			timing("%d of %d requests for the other masters' keys were not decided by Redis, want none", h.undecided, h.started)
 		}
+	}
+}
+
+// TestSlowRedisPolicies makes a standalone Redis slow (100 ms each way,
+// a round trip of twice the store's Timeout) under each failure policy:
+// once the server is found slow, requests for it go to the policy at
+// once, without waiting out the bound (FailOpen lets them through,
+// FailClosed fails them, FailLocal decides them with the local fallback,
+// which counts: a client's sixth request of five is denied); and they
+// are decided by Redis again within 1 s of the link being fast. Timing
+// goals are only logged on a machine too busy for them (timingGate).
+func TestSlowRedisPolicies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slows a real Redis down for a few seconds")
+	}
+	srv := redistest.Standalone(t)
+	for _, tt := range []struct {
+		name   string
+		policy middleware.FailurePolicy
+		// check checks the ith request of a client during the slow phase.
+		check func(i int, res middleware.Result, err error) error
+	}{
+		{"open", middleware.FailOpen, func(_ int, res middleware.Result, err error) error {
+			if err != nil || !res.Allowed || res.StoreErr == nil || res.Outcome != middleware.OutcomeFailedOpen {
+				return fmt.Errorf("%+v, %v; want failed open", res, err)
+			}
+			return nil
+		}},
+		{"closed", middleware.FailClosed, func(_ int, res middleware.Result, err error) error {
+			if err == nil || res.Outcome != middleware.OutcomeError {
+				return fmt.Errorf("%+v, %v; want an error", res, err)
+			}
+			return nil
+		}},
+		{"local", middleware.FailLocal, func(i int, res middleware.Result, err error) error {
+			if err != nil || res.StoreErr == nil || res.Outcome != middleware.OutcomeFallback || res.Allowed != (i < 5) {
+				return fmt.Errorf("%+v, %v; want decided by the fallback, allowed %v", res, err, i < 5)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := delayproxy.Start(t, srv.Addr(), 0)
+			client := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+			t.Cleanup(func() { _ = client.Close() })
+			store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: srv.Prefix(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeStore(t, store)
+			var slowSeen atomic.Bool
+			store.AddObserver(&middleware.Hooks{OnStoreHealth: func(e middleware.HealthEvent) {
+				if e.Slow {
+					slowSeen.Store(true)
+				}
+			}})
+			lim := newLimiter(t, middleware.PerMinute(5), keyfunc.RemoteIP(), middleware.WithStore(store), middleware.WithFailurePolicy(tt.policy))
+			decide := func(addr string) (middleware.Result, error, time.Duration) {
+				start := time.Now()
+				res, err := lim.Decide(keyfunc.FromHTTP(get(addr + ":1")))
+				return res, err, time.Since(start)
+			}
+			if res, err, _ := decide("192.0.2.1"); err != nil || res.StoreErr != nil || !res.Applied {
+				t.Fatalf("with Redis fast: %+v, %v", res, err)
+			}
+			lags := schedlag.Start(t)
+
+			proxy.SetDelay(100 * time.Millisecond)
+			// The first requests wait out the bound, until the server is
+			// found slow or down (a probe then tells slow from down,
+			// waiting for a PING's answer for up to a second).
+			slowFrom := time.Now()
+			for i := 0; !slowSeen.Load(); i++ {
+				if time.Since(slowFrom) > 3*time.Second {
+					t.Fatal("the server was not found slow within 3 s")
+				}
+				decide("192.0.2." + strconv.Itoa(10+i%200))
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Logf("found slow %v after the link was", time.Since(slowFrom).Round(time.Millisecond))
+			for i := range 8 {
+				res, err, took := decide("198.51.100.1")
+				if cerr := tt.check(i, res, err); cerr != nil {
+					t.Errorf("request %d of a client while Redis is slow: %v", i, cerr)
+				}
+				if lag := lags.Max(); took > 10*time.Millisecond+lag {
+					timingGate(t, lag)("request %d of a client while Redis is slow took %v (scheduling lag up to %v), want the policy at once", i, took, lag)
+				}
+			}
+
+			proxy.SetDelay(0)
+			fast := time.Now()
+			for {
+				res, err, _ := decide("203.0.113.1")
+				if err == nil && res.StoreErr == nil && res.Applied {
+					break
+				}
+				if lag := lags.Max(); time.Since(fast) > 3*time.Second+lag {
+					t.Fatalf("not decided by Redis again %v after the link was fast (scheduling lag up to %v): %+v, %v", time.Since(fast), lag, res, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			back := time.Since(fast)
+			t.Logf("decided by Redis again %v after the link was fast", back.Round(time.Millisecond))
+			if back > time.Second {
+				timingGate(t, lags.Max())("decided by Redis again %v after the link was fast, want within 1 s", back)
+			}
+		})
+	}
+}
+
+// fleetWatch records what the coordination layer of a fleet mode
+// reports: its syncer's runs that failed or took longer than its
+// interval (it fell behind), and the units it dropped.
+type fleetWatch struct {
+	middleware.NopObserver
+	interval                time.Duration
+	failed, behind, flushes atomic.Int64
+	dropped                 atomic.Int64
+	mu                      sync.Mutex
+	firstErr                error
+	slowestFlush            time.Duration
+}
+
+func (w *fleetWatch) Synced(e middleware.SyncEvent) {
+	switch e.Kind {
+	case middleware.SyncFlushed:
+		w.flushes.Add(1)
+		if e.Err != nil {
+			w.failed.Add(1)
+		}
+		if e.Duration > w.interval {
+			w.behind.Add(1)
+		}
+		w.mu.Lock()
+		w.slowestFlush = max(w.slowestFlush, e.Duration)
+		if w.firstErr == nil {
+			w.firstErr = e.Err
+		}
+		w.mu.Unlock()
+	case middleware.SyncDropped:
+		w.dropped.Add(e.Units)
+	}
+}
+
+// TestSlowRedisFleet runs two app servers in each fleet mode, 8
+// goroutines each sending 200 requests a second for one client, against a
+// Redis behind a link that is fast for 0.5 s, then delays every byte by
+// 100 ms each way (a round trip of twice the store's Timeout: too slow for
+// a decision, not for a sync) for 2 s, then is fast again. The servers keep
+// deciding in memory: no request is held longer than the bound (Timeout
+// plus 25 ms beyond scheduling lag); in write-back mode every request is
+// decided, and in lease mode those a slice covers (the rest go to the
+// failure policy, FailClosed here, as the docs say). The syncer says that
+// it falls behind (runs that fail or take longer than its interval), and
+// drops nothing: once the servers close (which pushes what is unsynced and
+// gives back what is leased), the fleet's count in Redis is at least what
+// they admitted. Timing goals are only logged on a machine too busy for
+// them (timingGate).
+func TestSlowRedisFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slows a real Redis down under load for a few seconds")
+	}
+	srv := redistest.Standalone(t)
+	for _, mode := range []middleware.SyncMode{middleware.SyncWriteBack, middleware.SyncLease} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			const (
+				servers  = 2
+				limit    = 1_000_000 // a minute: never reached, so that counts add up
+				interval = 50 * time.Millisecond
+			)
+			prefix := srv.Prefix(t)
+			proxy := delayproxy.Start(t, srv.Addr(), 0)
+			rule := middleware.Rule{Name: "r", Key: keyfunc.RemoteIP(), Limits: []middleware.Limit{middleware.PerMinute(limit)},
+				Sync: mode, SyncInterval: interval}
+			if mode == middleware.SyncWriteBack {
+				rule.MaxUnsynced = 20
+			} else {
+				// A slice of a busy counter is asked for when a quarter
+				// of the one before is left: 250 units last each server
+				// 150 ms, a round trip and a half.
+				rule.Lease = 1000
+			}
+			watch := &fleetWatch{interval: interval}
+			lims := make([]*middleware.Limiter, servers)
+			for i := range lims {
+				client := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+				t.Cleanup(func() { _ = client.Close() })
+				store, err := middleware.NewRedisStore(client, middleware.RedisConfig{Prefix: prefix})
+				if err != nil {
+					t.Fatal(err)
+				}
+				closeStore(t, store)
+				lim, err := middleware.NewRules([]middleware.Rule{rule}, middleware.WithStore(store),
+					middleware.WithFailurePolicy(middleware.FailClosed), middleware.WithObserver(watch))
+				if err != nil {
+					t.Fatal(err)
+				}
+				lims[i] = lim
+			}
+			lags := schedlag.Start(t)
+			type result struct {
+				at, took time.Duration
+				allowed  bool
+				err      error
+			}
+			var (
+				mu      sync.Mutex
+				results []result
+				stop    = make(chan struct{})
+				wg      sync.WaitGroup
+				start   = time.Now()
+			)
+			for _, lim := range lims {
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						tick := time.NewTicker(5 * time.Millisecond)
+						defer tick.Stop()
+						r := keyfunc.FromHTTP(get("192.0.2.1:1"))
+						for {
+							select {
+							case <-stop:
+								return
+							case <-tick.C:
+							}
+							begin := time.Now()
+							res, err := lim.Decide(r)
+							mu.Lock()
+							results = append(results, result{begin.Sub(start), time.Since(begin), err == nil && res.Allowed, err})
+							mu.Unlock()
+						}
+					}()
+				}
+			}
+			time.Sleep(500 * time.Millisecond)
+			slowAt := time.Since(start)
+			proxy.SetDelay(100 * time.Millisecond)
+			time.Sleep(2 * time.Second)
+			fastAt := time.Since(start)
+			proxy.SetDelay(0)
+			time.Sleep(time.Second)
+			close(stop)
+			wg.Wait()
+			for _, lim := range lims {
+				lim.Close() // pushes what is unsynced, gives back what is leased
+			}
+
+			var admitted, slowN, slowDecided int64
+			var worst time.Duration
+			var held []result
+			for _, r := range results {
+				if r.allowed {
+					admitted++
+				}
+				lag := lags.Worst(start.Add(r.at), start.Add(r.at+r.took))
+				if r.took > 125*time.Millisecond+lag {
+					held = append(held, r)
+				}
+				worst = max(worst, r.took)
+				if r.at >= slowAt && r.at < fastAt {
+					slowN++
+					if r.err == nil {
+						slowDecided++
+					}
+				}
+			}
+			watch.mu.Lock()
+			t.Logf("%s: %d requests, %d admitted; slow phase: %d of %d decided in memory, worst %v; syncer: %d runs, %d failed, %d longer than %v (slowest %v, first error %v), %d units dropped",
+				mode, len(results), admitted, slowDecided, slowN, worst.Round(time.Millisecond), watch.flushes.Load(), watch.failed.Load(),
+				watch.behind.Load(), interval, watch.slowestFlush.Round(time.Millisecond), watch.firstErr, watch.dropped.Load())
+			watch.mu.Unlock()
+			if len(held) > 0 {
+				timingGate(t, lags.Max())("%d requests held longer than the bound (125 ms beyond scheduling lag), e.g. %v at %v into the run: %v",
+					len(held), held[0].took, held[0].at, held[0].err)
+			}
+			if mode == middleware.SyncWriteBack && slowDecided != slowN {
+				t.Errorf("%d of %d requests decided in write-back mode while Redis was slow, want all", slowDecided, slowN)
+			}
+			if mode == middleware.SyncLease && slowDecided*2 < slowN {
+				timingGate(t, lags.Max())("%d of %d requests decided from slices while Redis was slow, want most", slowDecided, slowN)
+			}
+			if watch.behind.Load() == 0 && watch.failed.Load() == 0 {
+				t.Error("the syncer never reported a run that failed or took longer than its interval while Redis was slow")
+			}
+			if watch.dropped.Load() != 0 {
+				t.Errorf("%d units dropped", watch.dropped.Load())
+			}
+			// The fleet's count, as an exact decision reads it.
+			exact := rule
+			exact.Sync, exact.Lease, exact.MaxUnsynced, exact.SyncInterval = middleware.SyncExact, 0, 0, 0
+			reader, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeStore(t, reader)
+			lim, err := middleware.NewRules([]middleware.Rule{exact}, middleware.WithStore(reader))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			res, err := lim.Decide(keyfunc.FromHTTP(get("192.0.2.1:1")))
+			if err != nil || res.StoreErr != nil {
+				t.Fatalf("reading the fleet's count: %+v, %v", res, err)
+			}
+			// Not less. More by what calls that ran but whose answers came
+			// too late left: a push is pushed again, a slice is not given
+			// back (when the link slowed down, before the server was found
+			// slow, their bound was a decision's). Both err on the side of
+			// denying.
+			count := int64(limit - 1 - res.Remaining)
+			t.Logf("the fleet's count in Redis: %d, for %d admitted", count, admitted)
+			if count < admitted {
+				t.Errorf("the fleet's count in Redis is %d, less than the %d the servers admitted: counts were lost", count, admitted)
+			}
+		})
 	}
 }

@@ -184,7 +184,7 @@ func (l *Limiter) bindSync(set *ruleSet) error {
 		}
 		var err error
 		fs, err = fleetstore.New(fleetstore.Config{
-			Backend: fb.fleetBackend(), Exact: fb.fleetBackend(), ID: redisstore.FleetID,
+			Backend: fb.fleetBackend(), Exact: fb.fleetBackend(), ID: redisstore.FleetID, Wait: fb.fleetBackend().Timeout(),
 			MaxKeys: l.cfg.syncMaxKeys, Now: l.cfg.clock, Events: l.syncEvents(), Manual: l.cfg.syncManual,
 		})
 		if err != nil {

@@ -110,12 +110,10 @@ func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms i
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
 			sh.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
+			if s.await(ctx, ch) != nil {
 				return
 			}
+			continue
 		}
 		e.flags |= granting
 		sh.mu.Unlock()
@@ -127,6 +125,25 @@ func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms i
 		s.wake(sh, id)
 		sh.mu.Unlock()
 		return
+	}
+}
+
+// await waits for ch, a call on its way for the counter, within ctx and
+// Config.Wait, and returns why it did not come.
+func (s *Store) await(ctx context.Context, ch chan struct{}) error {
+	var expired <-chan time.Time
+	if s.cfg.Wait > 0 {
+		t := time.NewTimer(s.cfg.Wait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-expired:
+		return ErrWait
 	}
 }
 
@@ -220,7 +237,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 			if refill {
 				// Ask for the next slice before this one runs out, so that
 				// busy counters keep deciding locally.
-				go s.grant(context.WithoutCancel(ctx), sh, id, call, ms, 0)
+				go s.grant(fleet.Background(context.WithoutCancel(ctx)), sh, id, call, ms, 0)
 			}
 			return true, false, nil
 		}
@@ -241,12 +258,10 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
 			sh.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return false, false, ctx.Err()
+			if err := s.await(ctx, ch); err != nil {
+				return false, false, err
 			}
+			continue
 		}
 		e.flags |= granting
 		sh.enlist(id, e)
@@ -502,6 +517,7 @@ func (s *Store) loop() {
 // sends what evicted counters owed. final pushes and gives back
 // everything, as Close does.
 func (s *Store) Sync(ctx context.Context, now time.Time, final bool) {
+	ctx = fleet.Background(ctx) // no request waits for a tick
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	ms, call := s.instant(now)

@@ -161,6 +161,10 @@ type Events struct {
 	Dropped func(rule string, units int64)
 }
 
+// ErrWait is the error of a lease request whose counter's slice, on its
+// way, did not come within Config.Wait.
+var ErrWait = errors.New("fleetstore: the counter's slice did not come within the request's bound")
+
 // Config configures a Store.
 type Config struct {
 	Backend Backend
@@ -171,6 +175,12 @@ type Config struct {
 	MaxKeys int
 	// Timeout bounds each call of the syncer; 0 means one second.
 	Timeout time.Duration
+	// Wait bounds how long a request waits for a call on its way for its
+	// counter (a slice, a push), which with a slow shared store may take
+	// up to Timeout; past it, the request's charge fails with ErrWait
+	// (lease) or is decided without it (write-back). 0 means no bound but
+	// the request's context.
+	Wait time.Duration
 	// Now, if set, is the clock of the syncer, whose calls are then made
 	// at its instants; nil means the shared store's clock.
 	Now func() time.Time

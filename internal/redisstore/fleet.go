@@ -36,7 +36,8 @@ func FleetID(c *window.Charge) fleet.ID {
 
 // Fleet runs one lease or write-back call (fleet.lua) on the counter c.ID:
 // the Redis side of fleet.Grant and fleet.Apply, on the counter exact mode
-// decides with. deadline bounds the call on top of ctx (zero for none).
+// decides with. deadline bounds the call on top of ctx (zero for none),
+// and so does Config.Timeout unless ctx is fleet.Background.
 // Calls for counters of one server made at the same moment share a round
 // trip and a script run, as decisions do.
 func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (fleet.Reply, error) {
@@ -45,7 +46,7 @@ func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (f
 		return fleet.Reply{}, err
 	}
 	keys := []string{key}
-	deadline = s.fleetDeadline(deadline)
+	deadline = s.fleetDeadline(ctx, deadline)
 	var v any
 	if s.pipe != nil {
 		v, err = s.pipe.RunBy(ctx, deadline, fleetScript, keys, arg)
@@ -63,12 +64,12 @@ func (s *Store) Fleet(ctx context.Context, deadline time.Time, c *fleet.Call) (f
 // FleetAll runs calls as Fleet runs each, all queued at once, so that they
 // share batches and script runs as few as the batch size allows
 // (redispipe.Pipeliner.RunAll): a syncer's tick, which has many. The
-// reply and error of calls[i] go to out[i] and errs[i]. Unlike Fleet's,
-// the calls are bounded by deadline alone, not by Config.Timeout: no
-// request waits for a tick, and a server slower than Timeout allows for
-// decisions (slow, see package redispipe) still takes a tick's calls
-// whose deadline leaves room for its round trip, so that the fleet modes
-// keep syncing.
+// reply and error of calls[i] go to out[i] and errs[i]. The calls are
+// bounded by deadline alone, not by Config.Timeout, as fleet.Background
+// calls of Fleet are: no request waits for a tick, and a server slower
+// than Timeout allows for decisions (slow, see package redispipe) still
+// takes a tick's calls whose deadline leaves room for its round trip, so
+// that the fleet modes keep syncing.
 func (s *Store) FleetAll(ctx context.Context, deadline time.Time, calls []*fleet.Call, out []fleet.Reply, errs []error) {
 	if s.pipe == nil {
 		for i, c := range calls {
@@ -93,9 +94,10 @@ func (s *Store) FleetAll(ctx context.Context, deadline time.Time, calls []*fleet
 	}
 }
 
-// fleetDeadline is deadline, or the store's timeout from now if sooner.
-func (s *Store) fleetDeadline(deadline time.Time) time.Time {
-	if s.timeout > 0 {
+// fleetDeadline is deadline, or the store's timeout from now if sooner,
+// unless ctx is fleet.Background: no request waits for those calls.
+func (s *Store) fleetDeadline(ctx context.Context, deadline time.Time) time.Time {
+	if s.timeout > 0 && !fleet.IsBackground(ctx) {
 		if d := time.Now().Add(s.timeout); deadline.IsZero() || d.Before(deadline) {
 			return d
 		}

@@ -351,6 +351,10 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Timeout returns the bound of each decision (Config.Timeout), or zero
+// for none.
+func (s *Store) Timeout() time.Duration { return max(s.timeout, 0) }
+
 // PerServerHealth reports whether the store tracks the health of each
 // Redis server itself, failing fast on those that are down, so that a
 // limiter needs no circuit breaker of its own in front of it.

@@ -35,10 +35,16 @@ type scenario struct {
 	burst int
 	at    []float64
 	// cut partitions the region from the start of window cutFrom to the
-	// start of window cutTo.
+	// start of window cutTo: its links are closed, or, with slow, delay
+	// every byte by slow each way (stopped is slow forever: the links
+	// carry nothing, as when packets are dropped).
 	cut            string
 	cutFrom, cutTo int
+	slow           time.Duration
 }
+
+// stopped is scenario.slow for links that carry nothing.
+const stopped = -1
 
 // params are the settings of one run.
 type params struct {
@@ -48,6 +54,8 @@ type params struct {
 	tick    time.Duration
 	hold    time.Duration
 	windows int
+	// timeout bounds each push (Config.Timeout); 0 means its default.
+	timeout time.Duration
 }
 
 // result is what a run measured.
@@ -68,7 +76,7 @@ func storesFor(t testing.TB, sim *regiontest.Sim, m mode, p params) map[string]*
 	out := map[string]*Store{}
 	now := time.Now().UnixMilli()
 	for _, r := range sim.Names {
-		cfg := Config{Region: r, Local: sim.Local(t, r), Hold: p.hold}
+		cfg := Config{Region: r, Local: sim.Local(t, r), Hold: p.hold, Timeout: p.timeout}
 		if testEvents != nil {
 			cfg.Events = testEvents(r)
 		}
@@ -169,7 +177,14 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Until(time.UnixMilli(start + int64(sc.cutFrom)*w)))
-			sim.Partition(sc.cut)
+			switch {
+			case sc.slow == stopped:
+				sim.Drop(sc.cut)
+			case sc.slow > 0:
+				sim.SlowDown(sc.cut, sc.slow)
+			default:
+				sim.Partition(sc.cut)
+			}
 			time.Sleep(time.Until(time.UnixMilli(start + int64(sc.cutTo)*w)))
 			// What each region counted in this window before the heal.
 			healAt := time.Now()
@@ -248,8 +263,16 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 	if sc.cut != "" {
 		// A peer is unreachable once a push or a ping (every
 		// DefaultSyncInterval when idle) fails a hold time after the
-		// last success.
+		// last success; over a link that still carries, slowly or not at
+		// all, a push fails only at its timeout.
 		lag := p.hold + max(p.sync, DefaultSyncInterval) + p.tick
+		if sc.slow != 0 {
+			timeout := p.timeout
+			if timeout == 0 {
+				timeout = time.Second
+			}
+			lag += timeout
+		}
 		after = sc.cutFrom + int((lag+p.window-1)/p.window)
 	}
 	for i, n := range admitted {
@@ -320,6 +343,11 @@ func scenarios(w time.Duration) []scenario {
 		}},
 		{name: "burst at window start", rate: balanced(0), burst: 60, at: []float64{0, 0.5}},
 		{name: "partition and healing", rate: balanced(perWindow(40)), cut: regiontest.APSoutheast1, cutFrom: 1, cutTo: 4},
+		// A peer that answers, but later than a push may take, and one
+		// whose packets are dropped: the same as a partition, once its
+		// pushes time out.
+		{name: "slow peer", rate: balanced(perWindow(40)), cut: regiontest.APSoutheast1, cutFrom: 1, cutTo: 4, slow: 300 * time.Millisecond},
+		{name: "peer dropping packets", rate: balanced(perWindow(40)), cut: regiontest.APSoutheast1, cutFrom: 1, cutTo: 4, slow: stopped},
 	}
 }
 
@@ -328,7 +356,8 @@ func TestScenarios(t *testing.T) {
 		t.Skip("runs the simulation in real time")
 	}
 	sim := regiontest.New(t, regiontest.Names, regiontest.ScaledDelays(4))
-	p := params{limit: 100, window: 400 * time.Millisecond, sync: 50 * time.Millisecond, tick: 10 * time.Millisecond, hold: 150 * time.Millisecond, windows: 3}
+	p := params{limit: 100, window: 400 * time.Millisecond, sync: 50 * time.Millisecond, tick: 10 * time.Millisecond, hold: 150 * time.Millisecond, windows: 3,
+		timeout: 100 * time.Millisecond}
 	for _, sc := range scenarios(p.window) {
 		t.Run(sc.name, func(t *testing.T) {
 			q := p
@@ -352,16 +381,19 @@ func TestScenarios(t *testing.T) {
 				if res.max != 3*int64(sc.burst) {
 					t.Errorf("%d admitted in one window, want the first bursts only, %d", res.max, 3*sc.burst)
 				}
-			case "partition and healing":
+			case "partition and healing", "slow peer", "peer dropping packets":
 				// A failing peer is pushed to at every tick: the first push
 				// after the heal leaves within a tick, and reaches the peer
 				// after the new connection's handshake (HELLO, a round trip)
 				// and the one-way delay (docs/regions.md); plus scheduling
-				// delay on a loaded machine.
+				// delay on a loaded machine. (A link that was slow or
+				// dropping still delivers what it held, late; the pushes
+				// after the heal leave on other connections.)
 				d := sim.Links[regiontest.USEast1][regiontest.APSoutheast1].Delay()
 				if lim := q.tick + 3*d + 100*time.Millisecond; res.converge < 0 || res.converge > lim {
 					t.Errorf("converged %v after healing, want within %v", res.converge, lim)
 				}
+
 			default:
 				if res.max < q.limit {
 					t.Errorf("at most %d admitted in a window with more than the limit %d offered", res.max, q.limit)

@@ -55,6 +55,8 @@ type Sim struct {
 	Servers map[string]*redistest.Server
 	// Links[from][to] is the proxy region from dials to reach to's Redis.
 	Links map[string]map[string]*Proxy
+	// delay is the one-way delay of each link, which Heal restores.
+	delay func(a, b string) time.Duration
 }
 
 // New starts a redis-server per region of names and a proxy from each
@@ -62,7 +64,7 @@ type Sim struct {
 // stopped when the test ends.
 func New(t testing.TB, names []string, delay func(a, b string) time.Duration) *Sim {
 	t.Helper()
-	s := &Sim{Names: names, Servers: map[string]*redistest.Server{}, Links: map[string]map[string]*Proxy{}}
+	s := &Sim{Names: names, Servers: map[string]*redistest.Server{}, Links: map[string]map[string]*Proxy{}, delay: delay}
 	for _, n := range names {
 		s.Servers[n] = redistest.Standalone(t)
 	}
@@ -113,10 +115,33 @@ func (s *Sim) Partition(r string) {
 	}
 }
 
-// Heal heals every link between region r and the others.
+// SlowDown delays every byte between region r and the others by d each
+// way instead of the links' own delay, until Heal: a peer that answers,
+// but late.
+func (s *Sim) SlowDown(r string, d time.Duration) {
+	for b, p := range s.Links[r] {
+		p.SetDelay(d)
+		s.Links[b][r].SetDelay(d)
+	}
+}
+
+// Drop stops every link between region r and the others from carrying
+// anything, without closing a connection, until Heal: a region whose
+// packets are dropped.
+func (s *Sim) Drop(r string) {
+	for b, p := range s.Links[r] {
+		p.Stop()
+		s.Links[b][r].Stop()
+	}
+}
+
+// Heal heals every link between region r and the others: cut, slowed
+// down or dropping, each carries again with its own delay.
 func (s *Sim) Heal(r string) {
 	for b, p := range s.Links[r] {
 		p.Heal()
+		p.SetDelay(s.delay(r, b))
 		s.Links[b][r].Heal()
+		s.Links[b][r].SetDelay(s.delay(b, r))
 	}
 }
