@@ -314,7 +314,7 @@ func (l *Limiter) TopClients(ctx context.Context, rule string, by TopBy, period 
 	}
 	f, ok, err := t.Fleet(ctx, rule, kind, p)
 	if !ok {
-		return TopList{}, fmt.Errorf("sluice: rule %q: its top clients are not tracked (Rule.TopClients < 0)", rule)
+		return TopList{}, fmt.Errorf("sluice: rule %q: its top clients are not tracked (a Deny rule, or Rule.TopClients < 0)", rule)
 	}
 	out := TopList{
 		Rule: rule, By: by, Period: period, K: f.K, Total: f.N, ErrorBound: f.Bound, Dropped: f.Dropped,
