@@ -98,6 +98,8 @@ func (s *Store) admitBlind(sh *shard, e *entry, b *binding, ms, c int64) bool {
 // time per counter, which carries whatever was counted while the last one
 // was on its way; requests that reach the bound meanwhile wait for it.
 func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms int64, b *binding) {
+	var w waits
+	defer w.stop()
 	for {
 		sh.mu.Lock()
 		e, _ := sh.lookup(id)
@@ -110,14 +112,14 @@ func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms i
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
 			sh.mu.Unlock()
-			if s.await(ctx, ch) != nil {
+			if s.await(ctx, &w, ch) != nil {
 				return
 			}
 			continue
 		}
 		e.flags |= granting
 		sh.mu.Unlock()
-		s.push(ctx, sh, id, call, ms)
+		s.push(s.bound(ctx, &w), sh, id, call, ms)
 		sh.mu.Lock()
 		if e, _ := sh.lookup(id); e != nil {
 			e.flags &^= granting
@@ -128,22 +130,43 @@ func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms i
 	}
 }
 
-// await waits for ch, a call on its way for the counter, within ctx and
-// Config.Wait, and returns why it did not come.
-func (s *Store) await(ctx context.Context, ch chan struct{}) error {
-	var expired <-chan time.Time
-	if s.cfg.Wait > 0 {
-		t := time.NewTimer(s.cfg.Wait)
-		defer t.Stop()
-		expired = t.C
+// waits bounds a request's waits for calls on their way for its counter
+// (Config.Wait), from the first.
+type waits struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// bound returns ctx with the deadline of the request's waits, made at the
+// first call.
+func (s *Store) bound(ctx context.Context, w *waits) context.Context {
+	if s.cfg.Wait <= 0 {
+		return ctx
 	}
+	if w.ctx == nil {
+		w.ctx, w.cancel = context.WithTimeout(ctx, s.cfg.Wait)
+	}
+	return w.ctx
+}
+
+func (w *waits) stop() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// await waits for ch, a call on its way for the counter, within ctx and
+// the request's bound w, and returns why it did not come.
+func (s *Store) await(ctx context.Context, w *waits, ch chan struct{}) error {
+	bctx := s.bound(ctx, w)
 	select {
 	case <-ch:
 		return nil
-	case <-ctx.Done():
+	case <-bctx.Done():
+		if ctx.Err() == nil {
+			return ErrWait
+		}
 		return ctx.Err()
-	case <-expired:
-		return ErrWait
 	}
 }
 
@@ -190,6 +213,8 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 // that a cold counter costs no entry in the table (at 100,000 keys, a
 // lookup in the table misses the processor's caches twice).
 func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge, b *binding, out *window.Decision) (ok, cold bool, err error) {
+	var w waits
+	defer w.stop()
 	sh, id := s.locate(c)
 	cost := int64(c.Cost)
 	busy := false
@@ -258,7 +283,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		if e.flags&granting != 0 {
 			ch := s.waitCh(sh, id)
 			sh.mu.Unlock()
-			if err := s.await(ctx, ch); err != nil {
+			if err := s.await(ctx, &w, ch); err != nil {
 				return false, false, err
 			}
 			continue
@@ -266,7 +291,7 @@ func (s *Store) takeLease(ctx context.Context, ms, call int64, c *window.Charge,
 		e.flags |= granting
 		sh.enlist(id, e)
 		sh.mu.Unlock()
-		rep, err := s.grant(ctx, sh, id, call, ms, cost)
+		rep, err := s.grant(s.bound(ctx, &w), sh, id, call, ms, cost)
 		if err != nil {
 			return false, false, err
 		}

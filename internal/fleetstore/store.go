@@ -175,11 +175,11 @@ type Config struct {
 	MaxKeys int
 	// Timeout bounds each call of the syncer; 0 means one second.
 	Timeout time.Duration
-	// Wait bounds how long a request waits for a call on its way for its
-	// counter (a slice, a push), which with a slow shared store may take
-	// up to Timeout; past it, the request's charge fails with ErrWait
-	// (lease) or is decided without it (write-back). 0 means no bound but
-	// the request's context.
+	// Wait bounds how long a request waits for calls for its counter (a
+	// slice, a push: its own, or one on its way, which with a slow shared
+	// store may take up to Timeout); past it, the request's charge fails
+	// with ErrWait (lease) or is decided without it (write-back). 0 means
+	// no bound but the request's context.
 	Wait time.Duration
 	// Now, if set, is the clock of the syncer, whose calls are then made
 	// at its instants; nil means the shared store's clock.
