@@ -1,17 +1,22 @@
 # make test: the one command that runs every test on a fresh Debian machine.
 # It installs redis-server and redis-cli (the tests start their own servers
-# on free loopback ports) when they are missing, then runs the suite.
+# on free loopback ports) and chromium (the operator page's browser test)
+# when they are missing, then runs the suite.
 
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test redis bench fuzz example overload
+.PHONY: test redis chromium bench fuzz example overload
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := adapters/envoyrls adapters/grpclimit example middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel
 
-test: redis
+# The browser test writes its screenshots of the operator page here, for CI
+# to keep as artifacts, and logs their paths.
+export SLUICE_SCREENSHOTS ?= $(CURDIR)/artifacts/screenshots
+
+test: redis chromium
 	$(GO) test -race -shuffle=on -timeout 8m ./...
 	@set -e; for m in $(NESTED); do \
 		echo "$$m: $(GO) vet, $(GO) test -race"; \
@@ -22,6 +27,12 @@ redis:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then \
 		echo "installing redis-server and redis-tools"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	fi
+
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing chromium"; \
+		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
 bench: redis

@@ -22,8 +22,10 @@
 // 127.0.0.1:9090, loopback only, or a free port of 127.0.0.1 when another
 // process listens there, as Prometheus does by default; the address is
 // printed) the listener of the admin handler (rules
-// in force, peek and reset a client's counters), which requires the token
-// of $SLUICE_ADMIN_TOKEN (or a random one printed at start). Logs go to
+// in force, peek and reset a client's counters, top clients, bans,
+// overrides, and an operator page at its root, whose address is printed),
+// which requires the token of $SLUICE_ADMIN_TOKEN (or a random one printed
+// at start). Logs go to
 // stderr through log/slog.
 package main
 
@@ -271,6 +273,7 @@ func serveAdmin(ctx context.Context, addr string, lim *middleware.Limiter, sourc
 		},
 		Source: source,
 	})
+	fmt.Printf("operator page: http://%s/ (sign in with the admin token %s): top clients, rates, bans, overrides, store health\n", ln.Addr(), token)
 	fmt.Printf("admin handler on %s (Authorization: Bearer %s):\n  curl -H 'Authorization: Bearer %s' http://%s/rules\n  curl -H 'Authorization: Bearer %s' 'http://%s/limits?rule=site&key=ip:127.0.0.1'\n  curl -X POST -H 'Authorization: Bearer %s' 'http://%s/reset?key=ip:127.0.0.1'\n",
 		ln.Addr(), token, token, ln.Addr(), token, ln.Addr(), token, ln.Addr())
 	fmt.Printf("  curl -H 'Authorization: Bearer %[1]s' http://%[2]s/bans\n  curl -X DELETE -H 'Authorization: Bearer %[1]s' 'http://%[2]s/bans?rule=login&key=account:alice|ip:127.0.0.1'\n  curl -X PUT -H 'Authorization: Bearer %[1]s' -d '{\"limits\":[{\"requests\":100,\"window\":\"1m\"}],\"ttl\":\"1h\"}' 'http://%[2]s/overrides?rule=site&key=ip:127.0.0.1'\n\n",

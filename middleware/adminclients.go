@@ -47,9 +47,14 @@ type adminLimitIn struct {
 }
 
 // serveClients answers the /bans and /overrides endpoints.
-func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path string) {
-	q := r.URL.Query()
-	rule, key := q.Get("rule"), q.Get("key")
+func (a *admin) serveClients(w http.ResponseWriter, r *http.Request, path string) {
+	lim, q := a.lim, r.URL.Query()
+	rule := q.Get("rule")
+	key, err := a.clientKey(r.Context(), q, rule)
+	if err != nil {
+		adminJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+		return
+	}
 	needBoth := func() bool {
 		if rule == "" || key == "" {
 			adminJSON(w, http.StatusBadRequest, map[string]string{"error": "rule and key are required"})
@@ -76,10 +81,14 @@ func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path str
 		}
 		out := make([]adminBan, len(bans))
 		for i, b := range bans {
-			out[i] = adminBan{Rule: b.Rule, Key: b.Key, Until: b.Until.UTC().Format(time.RFC3339),
+			out[i] = adminBan{Rule: b.Rule, Key: a.show(b.Key), Until: b.Until.UTC().Format(time.RFC3339),
 				SecondsLeft: int64((b.Until.Sub(now) + time.Second - 1) / time.Second)}
 		}
 		adminJSON(w, http.StatusOK, map[string]any{"bans": out, "total": total})
+	case path == "/bans" && r.Method == http.MethodPost:
+		if needBoth() {
+			a.serveBan(w, r, rule, key)
+		}
 	case path == "/bans" && r.Method == http.MethodDelete:
 		if !needBoth() {
 			return
@@ -89,13 +98,13 @@ func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path str
 			adminError(w, err)
 			return
 		}
-		adminJSON(w, http.StatusOK, map[string]any{"rule": rule, "key": key, "lifted": lifted})
+		adminJSON(w, http.StatusOK, map[string]any{"rule": rule, "key": a.show(key), "lifted": lifted})
 	case path == "/overrides" && r.Method == http.MethodGet:
 		if rule == "" && key == "" {
 			list := lim.Overrides()
 			out := make([]adminOverride, len(list))
 			for i, o := range list {
-				out[i] = describeOverride(o)
+				out[i] = a.describeOverride(o)
 			}
 			adminJSON(w, http.StatusOK, map[string]any{"overrides": out})
 			return
@@ -108,7 +117,7 @@ func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path str
 			adminJSON(w, http.StatusNotFound, map[string]string{"error": "no override of rule " + strconv.Quote(rule) + " for this key"})
 			return
 		}
-		adminJSON(w, http.StatusOK, describeOverride(o))
+		adminJSON(w, http.StatusOK, a.describeOverride(o))
 	case path == "/overrides" && r.Method == http.MethodPut:
 		if !needBoth() {
 			return
@@ -129,7 +138,7 @@ func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path str
 			}
 			return
 		}
-		adminJSON(w, http.StatusOK, describeOverride(o))
+		adminJSON(w, http.StatusOK, a.describeOverride(o))
 	case path == "/overrides" && r.Method == http.MethodDelete:
 		if !needBoth() {
 			return
@@ -139,7 +148,7 @@ func serveClients(lim *Limiter, w http.ResponseWriter, r *http.Request, path str
 			adminError(w, err)
 			return
 		}
-		adminJSON(w, http.StatusOK, map[string]any{"rule": rule, "key": key, "removed": removed})
+		adminJSON(w, http.StatusOK, map[string]any{"rule": rule, "key": a.show(key), "removed": removed})
 	default:
 		adminJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
 	}
@@ -195,8 +204,8 @@ func readOverride(r *http.Request, rule, key string, now time.Time) (Override, e
 	return o, nil
 }
 
-func describeOverride(o Override) adminOverride {
-	out := adminOverride{Rule: o.Rule, Key: o.Key}
+func (a *admin) describeOverride(o Override) adminOverride {
+	out := adminOverride{Rule: o.Rule, Key: a.show(o.Key)}
 	for _, l := range o.Limits {
 		out.Limits = append(out.Limits, describeLimit(l))
 	}

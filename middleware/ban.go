@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -182,4 +183,49 @@ func banning(rules []*compiledRule) bool {
 		}
 	}
 	return false
+}
+
+// ErrCannotBan is returned by Ban for a rule none of whose limits bans
+// (Limit.Ban): its requests never check for a ban.
+var ErrCannotBan = errors.New("sluice: the rule has no limit with a ban")
+
+// Ban bans key under rule for d from now, as the rule's limit would when
+// it refuses the client (an operator acting on the top clients, say),
+// unless a ban that ends later is in force, and returns when the ban
+// ends. d of 0 means the longest Ban of the rule's limits. With a shared
+// store, the ban is the fleet's. The rule must have a limit with a Ban
+// (ErrCannotBan otherwise): only such limits check for bans. LiftBan ends
+// it.
+func (l *Limiter) Ban(ctx context.Context, rule, key string, d time.Duration) (time.Time, error) {
+	c, err := l.ruleNamed(rule)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var longest time.Duration
+	for _, lim := range c.limits {
+		longest = max(longest, lim.Ban)
+	}
+	switch {
+	case longest == 0:
+		return time.Time{}, fmt.Errorf("%w: rule %q", ErrCannotBan, rule)
+	case key == "":
+		return time.Time{}, errors.New("sluice: Ban: empty key")
+	case d < 0 || d > 0 && d < time.Millisecond:
+		return time.Time{}, fmt.Errorf("sluice: Ban: duration %s: want 0 (the rule's) or at least 1ms", d)
+	case d == 0:
+		d = longest
+	}
+	now := l.clock()
+	local := l.localNow(now).UnixMilli()
+	until := local + d.Milliseconds()
+	if sh := l.clients.shared; sh != nil {
+		u, err := sh.setBan(ctx, now, rule, key, d)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%w: %w", ErrStore, err)
+		}
+		until = u.UnixMilli()
+	}
+	until = l.clients.bans.Set(clients.ID{Rule: rule, Key: key}, until, local)
+	l.reportClientState()
+	return time.UnixMilli(until), nil
 }

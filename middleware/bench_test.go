@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -52,7 +53,9 @@ var floor = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // are the middleware's own. floor-5-fields sets five constant fields like
 // the limiter's, without a limiter: the least any limiter sending them
 // could cost. hot-key-observed is hot-key with an Observer that counts
-// decisions.
+// decisions. The -untracked cases turn off the tracking of top clients
+// (on by default). cpu-ns/op is the process's CPU time per request, all
+// threads included.
 func BenchmarkMiddleware(b *testing.B) {
 	benchMiddleware(b, func() func() http.ResponseWriter {
 		w := &discardWriter{h: make(http.Header, 8)}
@@ -89,18 +92,22 @@ func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) 
 		reqs[i] = httptest.NewRequest(http.MethodGet, "/", nil)
 		reqs[i].RemoteAddr = "10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255) + ":1234"
 	}
+	var lim *middleware.Limiter // the last one newHandler made
 	newHandler := func(b *testing.B, opts ...middleware.Option) http.Handler {
-		lim, err := middleware.New(middleware.PerSecond(1<<40/1000), keyfunc.RemoteIP(), opts...)
+		var err error
+		lim, err = middleware.New(middleware.PerSecond(1<<40/1000), keyfunc.RemoteIP(), opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { lim.Close() })
+		l := lim
+		b.Cleanup(func() { l.Close() })
 		return lim.Handler(bare)
 	}
 	run := func(b *testing.B, h http.Handler, n int) {
 		var next atomic.Int64
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu := processCPU()
 		b.RunParallel(func(pb *testing.PB) {
 			w := newWriter()
 			i := int(next.Add(7919))
@@ -109,19 +116,40 @@ func benchMiddleware(b *testing.B, newWriter func() func() http.ResponseWriter) 
 				i++
 			}
 		})
+		if cpu := processCPU() - cpu; cpu > 0 {
+			// The CPU time of every thread (background goroutines and GC
+			// included) per request: steadier than ns/op on a shared
+			// machine, where other processes take the cores.
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		}
+	}
+	// dropped reports the share of decisions the top-client tracker could
+	// not record (its ring full while it was busy: 0 but on a saturated
+	// machine).
+	dropped := func(b *testing.B) {
+		l, err := lim.TopClients(context.Background(), middleware.DefaultRuleName, middleware.TopCharged, middleware.TopHour, 1)
+		if err == nil {
+			b.ReportMetric(float64(l.Dropped)/float64(b.N), "dropped/op")
+		}
 	}
 	b.Run("baseline", func(b *testing.B) { run(b, bare, 1) })
 	b.Run("floor-5-fields", func(b *testing.B) { run(b, floor, 1) })
-	b.Run("hot-key", func(b *testing.B) { run(b, newHandler(b), 1) })
+	b.Run("hot-key", func(b *testing.B) { run(b, newHandler(b), 1); dropped(b) })
 	b.Run("hot-key-observed", func(b *testing.B) {
 		run(b, newHandler(b, middleware.WithObserver(&decisionCounter{})), 1)
 	})
-	b.Run("distinct-100k", func(b *testing.B) {
-		h := newHandler(b)
+	distinctCase := func(b *testing.B, opts ...middleware.Option) {
+		h := newHandler(b, opts...)
 		w := newWriter()
 		for _, r := range reqs { // every key exists before timing
 			h.ServeHTTP(w(), r)
 		}
 		run(b, h, distinct)
-	})
+	}
+	b.Run("distinct-100k", func(b *testing.B) { distinctCase(b); dropped(b) })
+	// The same without tracking top clients: what noting each decision
+	// for them costs is the difference.
+	untracked := middleware.WithTopClients(middleware.TopConfig{Off: true})
+	b.Run("hot-key-untracked", func(b *testing.B) { run(b, newHandler(b, untracked), 1) })
+	b.Run("distinct-100k-untracked", func(b *testing.B) { distinctCase(b, untracked) })
 }

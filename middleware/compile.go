@@ -81,6 +81,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if r.Cost < 0 {
 		return nil, errorf("cost %d is negative", r.Cost)
 	}
+	if r.TopClients == 1 {
+		return nil, errorf("TopClients 1: a summary needs at least 2 counters (0 for the limiter's, -1 for none)")
+	}
 	if r.Overage < 0 || r.Overage > 10 {
 		return nil, errorf("overage %g must be between 0 and 10", r.Overage)
 	}

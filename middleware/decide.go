@@ -39,7 +39,7 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
 	s := scratchPool.Get().(*scratch)
-	defer s.release()
+	defer l.released(s, res)
 
 	matched, err := l.matchRules(set, r, s, res)
 	if err != nil {
@@ -95,6 +95,9 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		l.chargeShadow(ctx, now, r, s, res)
 	}
 	l.outcome(s, res, &d)
+	if res.settle != nil {
+		res.settle.ctx = ctx
+	}
 	return nil
 }
 
@@ -507,6 +510,9 @@ type scratch struct {
 	usageAlt []Charge
 	usageDec []Decision
 	overloadScratch
+	// topShard is the shard of the top-client tracker's ring this scratch
+	// puts its events in (from 1; 0 until it first does).
+	topShard uint32
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's

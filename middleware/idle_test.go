@@ -23,8 +23,9 @@ import (
 // (a command sent alone, or a pipeline) by what their first command is
 // about: "spare" (the spare capacity of elastic limits, at
 // <prefix>{capacity}), "admin" (the overrides' and bans' version and
-// lists, at <prefix>{sluice-admin}...) or "counters" (anything else:
-// decisions, fleet calls, slots, pings of a server taken as down).
+// lists, at <prefix>{sluice-admin}...), "top" (the top-client summaries,
+// at <prefix>{top:...}) or "counters" (anything else: decisions, fleet
+// calls, slots, pings of a server taken as down).
 type roundTrips struct {
 	mu sync.Mutex
 	n  map[string]int
@@ -39,6 +40,8 @@ func (h *roundTrips) count(cmd redis.Cmder) {
 			kind = "spare"
 		case strings.Contains(key, "{sluice-admin}"):
 			kind = "admin"
+		case strings.Contains(key, "{top:"):
+			kind = "top"
 		}
 	}
 	h.mu.Lock()
@@ -107,9 +110,18 @@ func TestIdleRoundTrips(t *testing.T) {
 					}
 				}
 			}
+			// The top-client summaries: none without clients, and after
+			// them at most the last write of each of the 4 rules with
+			// clients (published when they change, every 5 s).
+			if none["top"] != 0 || seen["top"] > 4/idleMeasure.Seconds() {
+				t.Errorf("top: %.2f and %.2f round trips a second per idle server, want 0 and at most %.0f", none["top"], seen["top"], 4/idleMeasure.Seconds())
+			}
 		})
 	}
 }
+
+// idleMeasure is how long idleRoundTrips counts.
+const idleMeasure = 2 * time.Second
 
 // idleRoundTrips starts servers Limiters on one Redis, each with its own
 // client, has each decide once for each of keys keys under every rule,
@@ -182,9 +194,9 @@ func idleRoundTrips(t *testing.T, servers, keys int) map[string]float64 {
 	admin := srv.Client(t, nil)
 	use := redistest.ReadUsage(t, admin)
 	before := total()
-	const measure = 2 * time.Second
+	const measure = idleMeasure
 	time.Sleep(measure)
-	out := map[string]float64{"admin": 0, "spare": 0, "counters": 0}
+	out := map[string]float64{"admin": 0, "spare": 0, "counters": 0, "top": 0}
 	for k, n := range total() {
 		out[k] = float64(n-before[k]) / measure.Seconds() / float64(servers)
 	}

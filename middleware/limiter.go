@@ -36,6 +36,8 @@ type Limiter struct {
 	// syncs is the coordination layer of lease and write-back rules
 	// (sync.go).
 	syncs syncLayer
+	// top tracks the top clients and the rules' rates (top.go).
+	top topState
 	// pauses holds the pauses of a Limiter made WithPauses (pause.go).
 	pauses pauseState
 }
@@ -78,8 +80,10 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
+	l.startTop()
 	l.bindPauses()
 	if err := l.SetRules(rules); err != nil {
+		l.stopTop()
 		l.cfg.release()
 		return nil, err
 	}
@@ -118,6 +122,7 @@ func (l *Limiter) SetRules(rules []Rule) error {
 		rs.bindScopes(set)
 	}
 	l.bindOverload(set)
+	l.bindTop(set)
 	l.rules.Store(set)
 	return nil
 }
@@ -163,6 +168,7 @@ func (l *Limiter) Close() error {
 		l.stopFleet()
 		l.stopClientSync()
 		l.stopSync()
+		l.stopTop()
 		err = l.cfg.release()
 	})
 	return err

@@ -102,6 +102,7 @@ type config struct {
 
 	capacity CapacityConfig // the capacity signal of elastic limits
 	overload overloadConfig // shedding by priority
+	top      TopConfig      // WithTopClients
 }
 
 func defaultConfig() config {

@@ -107,6 +107,12 @@ type Rule struct {
 	// limit safely. Shadow rules are counted in a separate store call.
 	Shadow bool
 
+	// TopClients is the number of counters of each of the rule's
+	// top-client summaries (Limiter.TopClients, see TopConfig): 0 for
+	// the limiter's (TopConfig.K), less than 0 to track only the rule's
+	// rates, not its clients.
+	TopClients int
+
 	// Concurrency, when > 0, lets at most this many requests of one key
 	// be in flight at once under this rule, on top of its Limits (a rule
 	// may have only a concurrency limit). A request takes a slot before

@@ -58,6 +58,8 @@ type settlement struct {
 	ledger *usage.Ledger
 	lines  []usageLine
 	header string
+	// ctx is the request's context, for the Observers' SettleEvents.
+	ctx context.Context
 }
 
 // usageLine is one usage limit an admitted request was charged on.
@@ -153,7 +155,7 @@ func (s *settlement) apply(due []int64) {
 		if o != nil {
 			for k, i := range moreIdx {
 				ln := &s.lines[i]
-				e := SettleEvent{Rule: ln.rule, Policy: ln.policy, Units: int(s.ledger.Used(i)), Charged: more[k].Cost, Err: err}
+				e := SettleEvent{Rule: ln.rule, Policy: ln.policy, Units: int(s.ledger.Used(i)), Charged: more[k].Cost, Err: err, Context: s.ctx}
 				if err == nil {
 					e.Debt = out[k].Debt
 				}
@@ -170,7 +172,7 @@ func (s *settlement) apply(due []int64) {
 		if o != nil {
 			for i, d := range due {
 				if d < 0 {
-					o.Settled(SettleEvent{Rule: s.lines[i].rule, Policy: s.lines[i].policy, Units: int(s.ledger.Used(i)), Charged: int(d), Err: err})
+					o.Settled(SettleEvent{Rule: s.lines[i].rule, Policy: s.lines[i].policy, Units: int(s.ledger.Used(i)), Charged: int(d), Err: err, Context: s.ctx})
 				}
 			}
 		}

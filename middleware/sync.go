@@ -142,6 +142,8 @@ type syncLayer struct {
 	mu     sync.Mutex
 	store  atomic.Pointer[fleetstore.Store]
 	closed bool // by Limiter.Close: no layer is made again
+	// last is the syncer's last run that made calls, for Health.
+	last atomic.Pointer[SyncHealth]
 }
 
 // fleetBacked is implemented by stores that can carry the coordination
@@ -251,11 +253,12 @@ type SyncEvent struct {
 	Err      error
 }
 
-// syncEvents passes the layer's events on to the observers.
+// syncEvents passes the layer's events on to the observers, and the
+// syncer's runs to Health.
 func (l *Limiter) syncEvents() fleetstore.Events {
 	o := l.cfg.obs
 	if o == nil {
-		return fleetstore.Events{}
+		return fleetstore.Events{Flushed: l.syncs.flushed}
 	}
 	send := o.Synced
 	units := func(k SyncEventKind) func(string, int64) {
@@ -267,6 +270,7 @@ func (l *Limiter) syncEvents() fleetstore.Events {
 		GaveBack: units(SyncGaveBack),
 		Dropped:  units(SyncDropped),
 		Flushed: func(calls int, d time.Duration, err error) {
+			l.syncs.flushed(calls, d, err)
 			send(SyncEvent{Kind: SyncFlushed, Calls: calls, Duration: d, Err: err})
 		},
 	}

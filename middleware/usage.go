@@ -106,6 +106,10 @@ type SettleEvent struct {
 	// the refund failed: a charge that failed is not counted, a refund
 	// that failed leaves the estimate counted.
 	Err error
+	// Context is the context of the request that settled (of the call of
+	// Limiter.Charge), so that an Observer can record the settle on the
+	// request's trace span; nil when unknown.
+	Context context.Context
 }
 
 // The errors of settling a request's usage.
@@ -435,8 +439,11 @@ func (l *Limiter) Charge(r keyfunc.Request) (Result, error) {
 			if u := s.metas[i].usage; u != nil {
 				rule = u.rule
 			}
-			o.Settled(SettleEvent{Rule: rule, Policy: s.metas[i].name, Units: s.charges[i].Cost, Charged: s.charges[i].Cost, Debt: s.decisions[i].Debt})
+			o.Settled(SettleEvent{Rule: rule, Policy: s.metas[i].name, Units: s.charges[i].Cost, Charged: s.charges[i].Cost, Debt: s.decisions[i].Debt, Context: r.Context()})
 		}
+	}
+	if t := l.top.t; t != nil {
+		l.noteTop(t, s, &res) // units charged, for the top clients
 	}
 	return res, nil
 }

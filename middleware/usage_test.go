@@ -56,9 +56,15 @@ type settledEvents struct {
 	errs   []error
 }
 
+// add records s, without its Context (the request's, which the tests
+// compare events without), after checking that it has one.
 func (e *settledEvents) add(s middleware.SettleEvent) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if s.Context == nil {
+		e.errs = append(e.errs, errors.New("a SettleEvent without the request's context"))
+	}
+	s.Context = nil
 	e.events = append(e.events, s)
 }
 

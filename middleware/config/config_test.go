@@ -122,6 +122,11 @@ rules.yaml:1: rules: required`,
 			want: `rules.yaml:7: rules[1].limits[0].window: bad duration "5x"`,
 		},
 		{
+			name: "top_clients of 1",
+			in:   "rules: [{name: a, key: ip, top_clients: 1, limits: [{requests: 1, window: 1s}]}]",
+			want: `rules.yaml:1: rules[0].top_clients: 1: want -1 (no top clients), or 2 to 10000 counters`,
+		},
+		{
 			name: "window zero",
 			in:   "rules: [{name: a, key: ip, limits: [{requests: 1, window: 0s}]}]",
 			want: `rules.yaml:1: rules[0].limits[0].window: duration "0s" must be positive`,
@@ -1252,6 +1257,21 @@ func TestWindowUnits(t *testing.T) {
 		}
 		if got := cfg.Rules[0].Limits; len(got) != 1 || got[0] != tt.want {
 			t.Errorf("%s per %s: limits %v, want %v", tt.requests, tt.window, got, tt.want)
+		}
+	}
+}
+
+// TestTopClientsField: top_clients sets Rule.TopClients; -1 keeps only
+// the rule's rates.
+func TestTopClientsField(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int{"": 0, "top_clients: 20,": 20, "top_clients: -1,": -1} {
+		doc, err := config.Parse([]byte("rules: [{name: a, key: ip, "+in+" limits: [{requests: 1, window: 1s}]}]"), "rules.yaml", config.Env{})
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if got := doc.Rules[0].TopClients; got != want {
+			t.Errorf("%q: TopClients %d, want %d", in, got, want)
 		}
 	}
 }

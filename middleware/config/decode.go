@@ -31,11 +31,15 @@ const maxNodes = 1 << 17
 // list them.
 var (
 	rootFields  = []string{"rules", "headers", "shadow", "allow", "unmatched"}
-	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope", "usage"}
+	ruleFields  = []string{"name", "match", "key", "limits", "algorithm", "time_zone", "concurrency", "concurrency_status", "cost", "overage", "shadow", "allow", "plans", "adaptive_concurrency", "priority", "count", "sync", "lease", "sync_interval", "max_unsynced", "scope", "usage", "top_clients"}
 	matchFields = []string{"path", "methods", "headers", "query"}
 	limitFields = []string{"requests", "window", "algorithm", "burst", "max_delay", "time_zone", "max_log", "ceiling", "ban"}
 	allowFields = []string{"cidrs", "keys"}
 )
+
+// maxTopClients bounds a rule's top_clients: each counter is kept in 28
+// buckets (see middleware.TopConfig).
+const maxTopClients = 10_000
 
 // standardMethods are the methods a rule may name.
 var standardMethods = []string{
@@ -251,6 +255,14 @@ func (d *decoder) rule(n *yaml.Node, path string, global *allowList, shadow bool
 			r.Priority, _ = d.priority(v, fpath)
 		case "count":
 			r.Count = d.count(v, fpath)
+		case "top_clients":
+			if n, ok := d.int(v, fpath); ok {
+				if n != -1 && (n < 2 || n > maxTopClients) {
+					d.errorf(v, fpath, "%d: want -1 (no top clients), or 2 to %d counters", n, maxTopClients)
+					return
+				}
+				r.TopClients = n
+			}
 		case "usage": // usage.go
 			r.Usage = d.usage(v, fpath)
 		case "scope":

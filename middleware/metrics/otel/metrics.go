@@ -76,12 +76,19 @@
 // # Span events
 //
 // When the request's context holds a recording span (one started by
-// otelhttp, say), Decided adds to it the event "sluice.decision" with the
-// attributes sluice.rule and sluice.outcome; sluice.policy and
-// sluice.remaining when a limit applied; and sluice.retry_after, in
-// seconds, when the request was denied (-1 when no wait would help). The
-// client's key is never recorded. WithSpanEvents(false) turns the events
-// off.
+// otelhttp under a configured TracerProvider, say), Decided adds to it the
+// event "sluice.decision" with the attributes sluice.rule,
+// sluice.outcome and sluice.allowed; sluice.policy, sluice.remaining and
+// sluice.cost (what the request was charged under the binding limit) when
+// a limit applied; and sluice.retry_after, in seconds, when the request
+// was denied (-1 when no wait would help). The client's key is never
+// recorded. A request with usage limits (middleware.Usage) that settles
+// what it used gets the event "sluice.settle" too, with sluice.rule,
+// sluice.policy, sluice.settled_cost (what it used in all), sluice.charged
+// (the difference charged, negative when given back) and sluice.debt.
+// Without a recording span (no TracerProvider, or a span not sampled)
+// the events cost one look-up in the context and allocate nothing.
+// WithSpanEvents(false) turns them off.
 package sluiceotel
 
 import (
@@ -480,14 +487,16 @@ func (m *Metrics) Decided(r keyfunc.Request, res *middleware.Result) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs := make([]attribute.KeyValue, 0, 7)
 	attrs = append(attrs,
 		attribute.String("sluice.rule", res.Rule),
-		attribute.String("sluice.outcome", res.Outcome.String()))
+		attribute.String("sluice.outcome", res.Outcome.String()),
+		attribute.Bool("sluice.allowed", res.Allowed))
 	if res.Applied || res.Concurrency {
 		attrs = append(attrs,
 			attribute.String("sluice.policy", res.Policy),
-			attribute.Int("sluice.remaining", res.Remaining))
+			attribute.Int("sluice.remaining", res.Remaining),
+			attribute.Int("sluice.cost", res.Cost))
 	}
 	if res.RetryAfter < 0 {
 		attrs = append(attrs, attribute.Float64("sluice.retry_after", -1))

@@ -394,7 +394,8 @@ func TestMetricNames(t *testing.T) {
 }
 
 // TestSpanEvents: a decision is an event of the request's span, with the
-// rule, policy, outcome, remaining and retry_after, and never the key.
+// rule, outcome, allowed, policy, remaining, cost and retry_after, and
+// never the key.
 func TestSpanEvents(t *testing.T) {
 	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
@@ -440,10 +441,10 @@ func TestSpanEvents(t *testing.T) {
 		got = append(got, strings.Join(kvs, " "))
 	}
 	want := []string{
-		"sluice.rule=api sluice.outcome=allowed sluice.policy=api sluice.remaining=1",
-		"sluice.rule=api sluice.outcome=allowed sluice.policy=api sluice.remaining=0",
-		"sluice.rule=api sluice.outcome=denied sluice.policy=api sluice.remaining=0 sluice.retry_after=",
-		"sluice.rule= sluice.outcome=unlimited",
+		"sluice.rule=api sluice.outcome=allowed sluice.allowed=true sluice.policy=api sluice.remaining=1 sluice.cost=1",
+		"sluice.rule=api sluice.outcome=allowed sluice.allowed=true sluice.policy=api sluice.remaining=0 sluice.cost=1",
+		"sluice.rule=api sluice.outcome=denied sluice.allowed=false sluice.policy=api sluice.remaining=0 sluice.cost=1 sluice.retry_after=",
+		"sluice.rule= sluice.outcome=unlimited sluice.allowed=true",
 	}
 	for i := range want {
 		if !strings.HasPrefix(got[i], want[i]) {
@@ -523,4 +524,53 @@ func BenchmarkDecided(b *testing.B) {
 			m.StoreCalled(time.Millisecond, nil)
 		}
 	})
+}
+
+// TestSpanEventsFreeWithoutTracer: without a recording span (no
+// TracerProvider, or a span not sampled), the span events cost Decided no
+// allocation: it allocates as much as with the events off.
+func TestSpanEventsFreeWithoutTracer(t *testing.T) {
+	on, _ := newMetrics(t)
+	off, _ := newMetrics(t, sluiceotel.WithSpanEvents(false))
+	ntp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	t.Cleanup(func() { ntp.Shutdown(context.Background()) })
+	unsampled, span := ntp.Tracer("test").Start(context.Background(), "unsampled")
+	defer span.End()
+	res := &middleware.Result{Allowed: true, Applied: true, Rule: "api", Policy: "api", Remaining: 3, Cost: 1, Outcome: middleware.OutcomeAllowed}
+	for name, ctx := range map[string]context.Context{"no span": context.Background(), "unsampled span": unsampled} {
+		r := keyfunc.FromHTTP(httptest.NewRequest("GET", "/api/a", nil).WithContext(ctx))
+		on.Decided(r, res) // the attribute sets of the rule exist
+		off.Decided(r, res)
+		withEvents := testing.AllocsPerRun(200, func() { on.Decided(r, res) })
+		without := testing.AllocsPerRun(200, func() { off.Decided(r, res) })
+		if withEvents != without {
+			t.Errorf("%s: %v allocations per decision with span events, %v without", name, withEvents, without)
+		}
+	}
+}
+
+// BenchmarkDecidedSpan: what Decided costs without a span, with an
+// unsampled one, and with a recording one (the event and its attributes).
+func BenchmarkDecidedSpan(b *testing.B) {
+	m, err := sluiceotel.New(sdkmetric.NewMeterProvider())
+	if err != nil {
+		b.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewSimpleSpanProcessor(tracetest.NewNoopExporter())))
+	ntp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	res := &middleware.Result{Allowed: true, Applied: true, Rule: "api", Policy: "api", Remaining: 3, Cost: 1, Outcome: middleware.OutcomeAllowed}
+	unsampled, _ := ntp.Tracer("b").Start(context.Background(), "unsampled")
+	recording, _ := tp.Tracer("b").Start(context.Background(), "recording")
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+	}{{"no-span", context.Background()}, {"unsampled", unsampled}, {"recording", recording}} {
+		b.Run(c.name, func(b *testing.B) {
+			r := keyfunc.FromHTTP(httptest.NewRequest("GET", "/api/a", nil).WithContext(c.ctx))
+			b.ReportAllocs()
+			for b.Loop() {
+				m.Decided(r, res)
+			}
+		})
+	}
 }

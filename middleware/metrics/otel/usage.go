@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -43,10 +44,15 @@ func (m *Metrics) initUsage(meter metric.Meter) error {
 
 // Settled adds the units a settle charged to sluice.usage.settled, or gave
 // back to sluice.usage.refunded, records the debt it left in
-// sluice.usage.debt, and counts a failed one in sluice.usage.settle_errors.
-// It implements middleware.Observer.
+// sluice.usage.debt, and counts a failed one in sluice.usage.settle_errors;
+// and, when the request's span is recording, adds to it the event
+// "sluice.settle" (SettleEvent) with sluice.rule, sluice.policy,
+// sluice.settled_cost (what the request used in all), sluice.charged (the
+// difference charged, negative when given back) and sluice.debt. It
+// implements middleware.Observer.
 func (m *Metrics) Settled(e middleware.SettleEvent) {
 	ctx := context.Background()
+	m.settleEvent(e)
 	rule := attribute.String("rule", m.capLabel(e.Rule))
 	if e.Err != nil {
 		m.usage.errors.Add(ctx, 1, m.with(rule))
@@ -62,4 +68,29 @@ func (m *Metrics) Settled(e middleware.SettleEvent) {
 	if e.Debt > 0 {
 		m.usage.debt.Record(ctx, int64(e.Debt), m.with(rule, policy))
 	}
+}
+
+// SettleEvent is the name of the span event Settled adds.
+const SettleEvent = "sluice.settle"
+
+// settleEvent adds the settle to the request's span, if it is recording.
+func (m *Metrics) settleEvent(e middleware.SettleEvent) {
+	if !m.spanEvents || e.Context == nil {
+		return
+	}
+	span := trace.SpanFromContext(e.Context)
+	if !span.IsRecording() {
+		return
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("sluice.rule", e.Rule),
+		attribute.String("sluice.policy", e.Policy),
+		attribute.Int("sluice.settled_cost", e.Units),
+		attribute.Int("sluice.charged", e.Charged),
+		attribute.Int("sluice.debt", e.Debt),
+	}
+	if e.Err != nil {
+		attrs = append(attrs, attribute.Bool("sluice.error", true))
+	}
+	span.AddEvent(SettleEvent, trace.WithAttributes(attrs...))
 }

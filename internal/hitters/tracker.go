@@ -1,0 +1,365 @@
+// Package hitters tracks who is being limited: for each rule, the clients
+// charged and denied the most units over the last minute and the last
+// hour (Space-Saving summaries of package topk), and the rule's allowed
+// and denied requests over the last 15 minutes; with a Backend, it
+// publishes them for the fleet and merges the fleet's.
+//
+// Requests put their events in a lock-free Ring (Note): a few
+// nanoseconds, no lock, no allocation. One goroutine drains the ring into
+// the summaries, every second and whenever a shard of the ring fills a
+// quarter; readers drain it first, so that they see every event noted
+// before they asked.
+package hitters
+
+import (
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/topk"
+)
+
+// Period is a sliding period of the summaries.
+type Period uint8
+
+// The periods.
+const (
+	// Minute covers the last 60 to 70 seconds (6 buckets of 10 s and
+	// the current one).
+	Minute Period = iota
+	// Hour covers the last 60 to 70 minutes (6 buckets of 10 min and the
+	// current one).
+	Hour
+	numPeriods
+)
+
+// String returns "1m" or "1h".
+func (p Period) String() string {
+	if p == Hour {
+		return "1h"
+	}
+	return "1m"
+}
+
+// The shape of the periods and of the rate series.
+const (
+	periodBuckets = 6
+	// RateSpan is the interval of the rate series, RatePoints how many it
+	// keeps: 15 minutes.
+	RateSpan   = 10_000
+	RatePoints = 90
+)
+
+var periodSpan = [numPeriods]int64{Minute: 10_000, Hour: 600_000}
+
+// hourRatio is how many buckets of the minute make one of the hour.
+const hourRatio = 60
+
+// DefaultK is the number of counters of each summary unless a rule says.
+const DefaultK = 100
+
+// Config configures a Tracker.
+type Config struct {
+	// K is the number of counters of each summary of a rule that does not
+	// set its own (DefaultK if 0).
+	K int
+	// Now returns the current time in Unix ms (time.Now if nil).
+	Now func() int64
+	// Every is how often the drainer runs without being woken (1 s if 0):
+	// an event is counted at the instant it is drained, so this bounds
+	// how late it may be counted (readers drain first, and requests wake
+	// the drainer as the ring fills).
+	Every time.Duration
+	// Fleet, if set, publishes the summaries and reads the fleet's.
+	Fleet *FleetConfig
+}
+
+// Tracker tracks the heavy hitters and rates of a limiter's rules. Make
+// one with New; Close stops it.
+type Tracker struct {
+	ring *Ring
+	cfg  Config
+	now  func() int64
+
+	mu    sync.Mutex
+	rules map[string]*ruleState
+	// drops counts the units dropped on full shards per interval, for the
+	// periods' error (Minute and Hour).
+	drops       [numPeriods]*Series
+	seenDropped uint64
+	// published is when each rule was last published, and how it went.
+	pub pubState
+	// drain is the state of a drain, and each its function of an event.
+	drain drainRun
+	each  func(rule string, key []byte, units int64, events uint32, kind Kind)
+
+	stop chan struct{}
+	done sync.WaitGroup
+	once sync.Once
+}
+
+type ruleState struct {
+	k       int
+	windows [numKinds]*topk.Window // both periods
+	rates   *Series
+	// counted counts the events drained into the summaries, and
+	// published what it was at the last publish.
+	counted, published uint64
+}
+
+// New returns a Tracker and starts its drainer (and, with cfg.Fleet, its
+// publisher).
+func New(cfg Config) *Tracker {
+	if cfg.K == 0 {
+		cfg.K = DefaultK
+	}
+	if cfg.Every <= 0 {
+		cfg.Every = time.Second
+	}
+	t := &Tracker{ring: NewRing(), cfg: cfg, now: cfg.Now, rules: map[string]*ruleState{}, stop: make(chan struct{})}
+	t.ring.Help = t.help
+	t.each = t.event
+	if t.now == nil {
+		t.now = func() int64 { return time.Now().UnixMilli() }
+	}
+	for p := range numPeriods {
+		t.drops[p] = NewSeries(periodSpan[p], periodBuckets+1)
+	}
+	t.done.Add(1)
+	go t.drainLoop()
+	if cfg.Fleet != nil {
+		t.startFleet()
+	}
+	return t
+}
+
+// Close stops the drainer and the publisher; it is idempotent.
+func (t *Tracker) Close() {
+	t.once.Do(func() {
+		close(t.stop)
+		t.done.Wait()
+	})
+}
+
+// Shard returns the shard of the ring a producer should keep (see
+// Ring.Shard).
+func (t *Tracker) Shard() uint32 { return t.ring.Shard() }
+
+// Note records that key was charged (or denied) units under rule. It is
+// what a request does: no lock, no allocation. rule must never change
+// (a rule's name).
+func (t *Tracker) Note(shard uint32, rule, key string, units int64, kind Kind) {
+	t.ring.Put(shard, rule, key, units, kind)
+}
+
+// SetRules sets the rules tracked and the k of each: 0 for Config.K, less
+// than 0 for rates only. Rules not listed are forgotten.
+func (t *Tracker) SetRules(ks map[string]int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for name, rs := range t.rules {
+		if k, ok := ks[name]; !ok || t.kOf(k) != rs.k {
+			delete(t.rules, name)
+		}
+	}
+	for name, k := range ks {
+		if _, ok := t.rules[name]; !ok {
+			t.rules[name] = t.newRule(t.kOf(k))
+		}
+	}
+}
+
+func (t *Tracker) kOf(k int) int {
+	switch {
+	case k == 0:
+		return t.cfg.K
+	case k < 2:
+		return 0 // rates only
+	}
+	return k
+}
+
+func (t *Tracker) newRule(k int) *ruleState {
+	rs := &ruleState{k: k, rates: NewSeries(RateSpan, RatePoints)}
+	if k > 0 {
+		for kind := range numKinds {
+			rs.windows[kind] = topk.NewWindow(k, periodBuckets, periodSpan[Minute], hourRatio)
+		}
+	}
+	return rs
+}
+
+func (t *Tracker) drainLoop() {
+	defer t.done.Done()
+	tick := time.NewTicker(t.cfg.Every)
+	defer tick.Stop()
+	trimmed := t.now()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		case <-t.ring.Wake():
+		}
+		t.mu.Lock()
+		now := t.drainLocked()
+		if now-trimmed > periodSpan[Minute] {
+			t.trimLocked(now)
+			trimmed = now
+		}
+		t.mu.Unlock()
+	}
+}
+
+// help drains a full shard for a request, unless the summaries are busy
+// (the drainer or a reader holds them): the request never waits.
+func (t *Tracker) help(shard uint32) bool {
+	if !t.mu.TryLock() {
+		return false
+	}
+	t.drainShardLocked(shard)
+	t.mu.Unlock()
+	return true
+}
+
+// drainLocked moves the ring's events into the summaries and returns the
+// instant it counted them at.
+func (t *Tracker) drainLocked() int64 { return t.drainShardLocked(0) }
+
+// drainShardLocked is drainLocked for one shard of the ring (0: all). A
+// run of events of one rule, kind and key (a burst from one client) is
+// counted as one.
+func (t *Tracker) drainShardLocked(shard uint32) int64 {
+	now := t.now()
+	d := &t.drain
+	d.now, d.pending = now, false
+	if shard == 0 {
+		t.ring.Drain(t.each)
+	} else {
+		t.ring.DrainShard(shard, t.each)
+	}
+	d.flush()
+	d.rs, d.rule = nil, ""
+	if _, units := t.ring.Dropped(); units != t.seenDropped {
+		for p := range numPeriods {
+			t.drops[p].Add(Charged, units-t.seenDropped, now)
+		}
+		t.seenDropped = units
+	}
+	return now
+}
+
+// drainRun is the run of like events a drain is adding up: one rule, kind
+// and key. Its buffer is reused, so that draining allocates nothing.
+type drainRun struct {
+	now     int64
+	rs      *ruleState // nil for a rule replaced since
+	rule    string
+	key     []byte
+	kind    Kind
+	units   uint64
+	events  uint64
+	pending bool
+}
+
+// event adds one event of the ring to the run, or counts the run and
+// starts another; t.each is it, made once.
+func (t *Tracker) event(r string, k []byte, u int64, n uint32, kd Kind) {
+	d := &t.drain
+	if d.pending && r == d.rule && kd == d.kind && string(k) == string(d.key) {
+		d.units += uint64(max(u, 0))
+		d.events += uint64(n)
+		return
+	}
+	d.flush()
+	if r != d.rule {
+		d.rule, d.rs = r, t.rules[r]
+	}
+	d.key, d.kind, d.units, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), uint64(n), true
+}
+
+// flush counts the run.
+func (d *drainRun) flush() {
+	if !d.pending || d.rs == nil {
+		return
+	}
+	d.rs.rates.AddN(d.kind, d.events, d.units, d.now)
+	d.rs.counted += d.events
+	if d.rs.k > 0 {
+		d.rs.windows[d.kind].Add(d.key, d.units, d.now)
+	}
+	d.pending = false
+}
+
+func (t *Tracker) trimLocked(now int64) {
+	for _, rs := range t.rules {
+		for _, w := range rs.windows {
+			if w != nil {
+				w.Trim(now)
+			}
+		}
+	}
+}
+
+// Local is what one server knows of a rule's clients over a period.
+type Local struct {
+	topk.View
+	// Dropped is the units of every rule that went uncounted in the
+	// period because the ring was full: each count may be short by that
+	// much.
+	Dropped uint64
+	// At is the instant of the view (Unix ms).
+	At int64
+}
+
+// Top returns the view of rule's clients by kind over period, after
+// draining what requests noted; ok is false for a rule not tracked (or
+// tracked for rates only).
+func (t *Tracker) Top(rule string, kind Kind, p Period) (Local, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.drainLocked()
+	rs := t.rules[rule]
+	if rs == nil || rs.k == 0 {
+		return Local{}, false
+	}
+	return Local{View: rs.windows[kind].View(now, p == Hour), Dropped: t.drops[p].Sum(now).AllowedUnits, At: now}, true
+}
+
+// K returns the number of counters of rule's summaries, 0 if it has none.
+func (t *Tracker) K(rule string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rs := t.rules[rule]; rs != nil {
+		return rs.k
+	}
+	return 0
+}
+
+// Rates returns the allowed and denied requests of each rule in the
+// intervals of the last 15 minutes, oldest first.
+func (t *Tracker) Rates() map[string][]Point {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.drainLocked()
+	out := make(map[string][]Point, len(t.rules))
+	for name, rs := range t.rules {
+		out[name] = rs.rates.Points(now)
+	}
+	return out
+}
+
+// Keys returns how many keys the summaries of every rule hold in all:
+// at most rules × 2 kinds × 7 buckets × (2k − 1).
+func (t *Tracker) Keys() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, rs := range t.rules {
+		for _, w := range rs.windows {
+			if w != nil {
+				n += w.Len()
+			}
+		}
+	}
+	return n
+}

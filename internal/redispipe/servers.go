@@ -1,0 +1,44 @@
+package redispipe
+
+import "sort"
+
+// ServerState is the health of one destination, as Servers reports it.
+type ServerState struct {
+	// Server is the destination's address ("FailoverClient" for a
+	// Sentinel client).
+	Server string
+	// Up reports whether calls are sent to it; Cause is why it is down.
+	Up    bool
+	Cause error
+}
+
+// Servers returns the health of every destination the Pipeliner has sent
+// to, by address.
+func (p *Pipeliner) Servers() []ServerState {
+	p.mu.Lock()
+	dests := make([]*dest, 0, len(p.byName))
+	for _, d := range p.byName {
+		dests = append(dests, d)
+	}
+	p.mu.Unlock()
+	if p.single != nil && !containsDest(dests, p.single) {
+		dests = append(dests, p.single)
+	}
+	out := make([]ServerState, len(dests))
+	for i, d := range dests {
+		d.mu.Lock()
+		out[i] = ServerState{Server: d.name, Up: !d.down, Cause: d.downErr}
+		d.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Server < out[j].Server })
+	return out
+}
+
+func containsDest(ds []*dest, d *dest) bool {
+	for _, x := range ds {
+		if x == d {
+			return true
+		}
+	}
+	return false
+}
