@@ -463,7 +463,6 @@ func TestLeaseSliceLife(t *testing.T) {
 	const interval = 100
 	set := Settings{Mode: fleet.Lease, Lease: 100, SyncInterval: interval * time.Millisecond}
 	ctx := context.Background()
-	out := make([]window.Decision, 1)
 	for _, tc := range []struct {
 		name        string
 		limit, used int // used: counted exactly beforehand
@@ -475,6 +474,7 @@ func TestLeaseSliceLife(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := newServer(t, srvR.Client(t, nil), srvR.Prefix(t), map[string]Settings{"r": set}, Events{})
+			out := make([]window.Decision, 1)
 			l := window.Limit{Requests: tc.limit, Window: time.Minute}
 			c := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 1}}
 			at := t0.Add(10 * time.Millisecond)
