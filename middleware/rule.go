@@ -147,7 +147,8 @@ type Rule struct {
 	// at once, in cost units; 0 means DefaultLease.
 	Lease int
 	// SyncInterval is, for SyncWriteBack, how often deltas are pushed and,
-	// for SyncLease, how long a slice lives; 0 means DefaultSyncInterval.
+	// for SyncLease, how long a slice granted near the limit lives (ten
+	// times as long far from it); 0 means DefaultSyncInterval.
 	// For ScopeGlobal, it is how often the region's counts are written to
 	// the peer regions; 0 means DefaultRegionSyncInterval.
 	SyncInterval time.Duration

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redisstore"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/window"
@@ -73,8 +74,10 @@ func TestLeaseCallsShareScriptRuns(t *testing.T) {
 	var layers []*Store
 	for i := 0; i < 4; i++ {
 		c := srv.Client(t, &redis.Options{PoolSize: 128})
-		// The pipeline's defaults: idle servers get direct calls.
-		rs, err := redisstore.New(c, redisstore.Config{Prefix: prefix, Timeout: 5 * time.Second})
+		// Idle servers get direct calls, as with the pipeline's defaults;
+		// a stall threshold of 2 s, since a loaded machine running the
+		// race detector can take tens of ms to answer.
+		rs, err := redisstore.New(c, redisstore.Config{Prefix: prefix, Timeout: 5 * time.Second, Pipeline: redispipe.Config{StallThreshold: 2 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -452,3 +452,72 @@ func TestWriteBackCountsWait(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseSliceLife checks on a real Redis how long a slice lives: ten
+// intervals when it was granted far from the limit, one near it, and that
+// what a long slice left goes back once its counter is idle for two
+// intervals, before the slice ends.
+func TestLeaseSliceLife(t *testing.T) {
+	t.Parallel()
+	srvR := redistest.Shared(t)
+	const interval = 100
+	set := Settings{Mode: fleet.Lease, Lease: 100, SyncInterval: interval * time.Millisecond}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		limit, used int // used: counted exactly beforehand
+		life        int64
+	}{
+		{"far", 1_000_000, 0, fleet.LongLife * interval},
+		{"near", 300, 250, interval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, srvR.Client(t, nil), srvR.Prefix(t), map[string]Settings{"r": set}, Events{})
+			out := make([]window.Decision, 1)
+			l := window.Limit{Requests: tc.limit, Window: time.Minute}
+			c := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 1}}
+			at := t0.Add(10 * time.Millisecond)
+			if tc.used > 0 {
+				pre := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: tc.used}}
+				if ok, err := srv.exact.Take(ctx, at, pre, out); err != nil || !ok {
+					t.Fatalf("counting %d beforehand: %v %v", tc.used, ok, err)
+				}
+			}
+			// The first decision is exact (a cold counter), the next ones
+			// lease, until the slices reach the lease.
+			for i := 0; i < 20; i++ {
+				if ok, err := srv.layer.Take(ctx, at, c, out); err != nil || !ok {
+					t.Fatalf("decision %d: %v %v", i, ok, err)
+				}
+				for srv.layer.Busy() {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			sh, id := srv.layer.locate(&c[0])
+			sh.mu.Lock()
+			e, _ := sh.lookup(id)
+			life, left := e.up-at.UnixMilli(), e.uc
+			sh.mu.Unlock()
+			if life != tc.life || left <= 0 {
+				t.Fatalf("the slice lives %d ms with %d units left, want %d ms and some left", life, left, tc.life)
+			}
+			// Idle for two intervals and a tick: what it left goes back.
+			counted := func() int {
+				read := []window.Charge{{Key: "k", Name: "r", Limit: l, Cost: 0}}
+				if _, err := srv.exact.Take(ctx, at, read, out); err != nil {
+					t.Fatal(err)
+				}
+				return tc.limit - out[0].Remaining
+			}
+			before := counted()
+			for i := 0; i < 3; i++ {
+				at = at.Add(interval * time.Millisecond)
+				srv.layer.Sync(ctx, at, false)
+			}
+			if after := counted(); after != before-int(left) {
+				t.Fatalf("after two idle intervals: %d counted in Redis, want %d (the %d left given back)", after, before-int(left), left)
+			}
+		})
+	}
+}

@@ -126,8 +126,9 @@ func TestBindings(t *testing.T) {
 }
 
 // TestUses checks the memory of lease counters' last uses: unknown at
-// first, recent or stale by the window asked, unknown again once another
-// counter takes the slot, and right across the 40-bit wrap of instants.
+// first, recent or stale by the window asked (a use soon after the one
+// recorded is not recorded), unknown again once another counter takes the
+// slot, and right across the 40-bit wrap of instants.
 func TestUses(t *testing.T) {
 	var u uses
 	a := ident{h1: 0xabc << 44, h2: 7 << 32}
@@ -141,8 +142,10 @@ func TestUses(t *testing.T) {
 		{a, 1000, 200, useUnknown},
 		{a, 1150, 200, useRecent},
 		{a, 1400, 200, useStale},
-		{b, 1450, 200, useUnknown},
-		{a, 1500, 200, useUnknown},
+		{a, 1420, 200, useRecent}, // within a quarter: not recorded
+		{a, 1610, 200, useStale},  // 210 ms after the use recorded
+		{b, 1650, 200, useUnknown},
+		{a, 1700, 200, useUnknown},
 		{a, 1<<40 + 100, 200, useStale},
 		{a, 1<<40 + 250, 200, useRecent},
 		{a, 1<<41 - 50, 200, useStale},

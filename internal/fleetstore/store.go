@@ -116,7 +116,8 @@ type Settings struct {
 	// DefaultLease.
 	Lease int
 	// SyncInterval is how often write-back deltas are pushed and how long
-	// a lease lives; 0 means DefaultSyncInterval.
+	// a slice granted near the limit lives (fleet.SliceLife); 0 means
+	// DefaultSyncInterval.
 	SyncInterval time.Duration
 	// MaxUnsynced is how many units a server may count for one counter
 	// before it pushes them at once and waits; 0 means Requests / 10,

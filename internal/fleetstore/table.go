@@ -296,12 +296,20 @@ const (
 
 // note records that counter id is used at ms, and returns whether its
 // previous use was within within ms (useRecent), before it (useStale), or
-// is unknown.
+// is unknown. A use within a quarter of within after the one recorded is
+// not recorded.
 func (u *uses) note(id ident, ms, within int64) int {
 	u.once.Do(func() { u.slots = make([]atomic.Uint64, usesSlots) })
 	slot := &u.slots[id.h2>>32%usesSlots]
 	tag := id.h1 >> usesBits
-	old := slot.Swap(tag<<usesBits | uint64(ms)&usesMask)
+	old := slot.Load()
+	if old>>usesBits == tag && (uint64(ms)-old)&usesMask <= uint64(within/4) {
+		// Used a moment ago: the slot is left as it is, so that the
+		// decisions of a hot counter only read it (a write would move
+		// its cache line between processors at each one).
+		return useRecent
+	}
+	old = slot.Swap(tag<<usesBits | uint64(ms)&usesMask)
 	switch {
 	case old == 0 || old>>usesBits != tag:
 		return useUnknown

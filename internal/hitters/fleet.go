@@ -77,11 +77,11 @@ func (t *Tracker) startFleet() {
 		tick := time.NewTicker(f.Every)
 		defer tick.Stop()
 		for {
-			t.Publish(context.Background())
 			select {
 			case <-t.stop:
 				return
 			case <-tick.C:
+				t.Publish(context.Background())
 			}
 		}
 	}()
@@ -97,6 +97,10 @@ func (t *Tracker) Publish(ctx context.Context) error {
 	if f == nil {
 		return nil
 	}
+	// One publish at a time, so that an older payload is never written
+	// after a newer one.
+	t.pubMu.Lock()
+	defer t.pubMu.Unlock()
 	t.mu.Lock()
 	now := t.drainLocked()
 	type write struct {

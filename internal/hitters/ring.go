@@ -77,9 +77,10 @@ type shard struct {
 // (multi-producer, one consumer), each producer sticking to the shard it
 // was given so that its cache lines stay on its core. Putting an event
 // copies its key into the slot and allocates nothing (but for keys longer
-// than 78 bytes). When a shard is full (the drainer is short of CPU), the
-// producer asks Help to drain it, which must not wait; if Help cannot, the
-// event is dropped and counted.
+// than 74 bytes). When a shard is full (the drainer is short of CPU), the
+// producer asks Help to drain it, which must not wait; if Help cannot (the
+// drainer is at it), the producer yields once and tries again, and if the
+// shard is still full, the event is dropped and counted.
 type Ring struct {
 	shards []shard
 	mask   uint32
@@ -166,7 +167,12 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 		case seq < pos:
 			// The slot of the previous lap is not drained yet (seq is
 			// below pos even while it is held): full.
-			if !helped && r.Help != nil && r.Help(shard) {
+			if !helped && r.Help != nil {
+				// Drain it if no one does; if someone does, the slot is
+				// freed in a moment: yield once to them, and try again.
+				if !r.Help(shard) {
+					runtime.Gosched()
+				}
 				helped = true
 				pos = sh.tail.Load()
 				continue

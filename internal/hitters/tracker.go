@@ -86,8 +86,10 @@ type Tracker struct {
 	// periods' error (Minute and Hour).
 	drops       [numPeriods]*Series
 	seenDropped uint64
-	// published is when each rule was last published, and how it went.
-	pub pubState
+	// published is when each rule was last published, and how it went;
+	// pubMu makes publishes one at a time.
+	pub   pubState
+	pubMu sync.Mutex
 	// drain is the state of a drain, and each its function of an event.
 	drain drainRun
 	each  func(rule string, key []byte, units int64, events uint32, kind Kind)

@@ -51,6 +51,47 @@ end
 return out
 `)
 
+// topology is a Redis for a test: a standalone server of its own
+// (srv) or the shared Cluster, a client of it with a pool of 128
+// connections, a key prefix, and the server's count of the scripts run.
+type topology struct {
+	client redis.Scripter
+	prefix string
+	srv    *redistest.Server
+	admins []*redis.Client
+}
+
+func newTopology(t *testing.T, topo string) *topology {
+	tp := &topology{}
+	if topo == "standalone" {
+		tp.srv = redistest.Standalone(t)
+		tp.prefix = tp.srv.Prefix(t)
+		tp.client = tp.srv.Client(t, &redis.Options{PoolSize: 128})
+		tp.admins = append(tp.admins, tp.srv.Client(t, nil))
+		return tp
+	}
+	cl := redistest.SharedCluster(t)
+	tp.prefix = cl.Prefix(t)
+	tp.client = cl.Client(t, &redis.ClusterOptions{PoolSize: 128})
+	for _, a := range cl.Addrs() {
+		tp.admins = append(tp.admins, redis.NewClient(&redis.Options{Addr: a}))
+	}
+	t.Cleanup(func() {
+		for _, a := range tp.admins {
+			a.Close()
+		}
+	})
+	return tp
+}
+
+// scripts returns how many scripts (EVALSHA and EVAL) the servers ran.
+func (tp *topology) scripts(t *testing.T) (n int) {
+	for _, a := range tp.admins {
+		n += commandCalls(t, a, "evalsha") + commandCalls(t, a, "eval")
+	}
+	return n
+}
+
 // TestBatchScript checks that concurrent calls of a batch script share
 // script runs, on a standalone server and on a Cluster (one run per hash
 // slot), that each call gets its own reply, and that an error reply fails
@@ -60,39 +101,13 @@ func TestBatchScript(t *testing.T) {
 	for _, topo := range []string{"standalone", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			t.Parallel()
-			var (
-				client redis.Scripter
-				admins []*redis.Client
-				prefix string
-			)
-			if topo == "standalone" {
-				srv := redistest.Standalone(t)
-				prefix = srv.Prefix(t)
-				client = srv.Client(t, &redis.Options{PoolSize: 128})
-				admins = append(admins, srv.Client(t, nil))
-			} else {
-				cl := redistest.SharedCluster(t)
-				prefix = cl.Prefix(t)
-				client = cl.Client(t, &redis.ClusterOptions{PoolSize: 128})
-				for _, a := range cl.Addrs() {
-					admins = append(admins, redis.NewClient(&redis.Options{Addr: a}))
-				}
-				t.Cleanup(func() {
-					for _, a := range admins {
-						a.Close()
-					}
-				})
-			}
-			scripts := func() (n int) {
-				for _, a := range admins {
-					n += commandCalls(t, a, "evalsha") + commandCalls(t, a, "eval")
-				}
-				return n
-			}
-			p := newPipeliner(t, client, Config{StallThreshold: testStall})
+			tp := newTopology(t, topo)
+			scripts := tp.scripts
+			p := newPipeliner(t, tp.client, Config{StallThreshold: testStall})
+			prefix := tp.prefix
 			ctx := context.Background()
 			const goroutines, each, keys = 64, 40, 8
-			before := scripts()
+			before := scripts(t)
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			perKey := map[string]int{}
@@ -125,7 +140,7 @@ func TestBatchScript(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			runs := scripts() - before
+			runs := scripts(t) - before
 			const total = goroutines * each
 			t.Logf("%d calls in %d script runs", total, runs)
 			if runs <= 0 || runs >= total/2 {
@@ -383,46 +398,19 @@ func hangAfterOneCall(t *testing.T, srv *redistest.Server, p *Pipeliner, key str
 
 // TestRunAll checks that the calls of RunAll, on a standalone server and
 // on a Cluster, each get their own reply (an error reply failing its own
-// call alone), in few script runs (a batch takes up to MaxBatch calls,
-// merged per hash slot on a Cluster), that they are not counted in
-// OnBatch, and that every call fails at once when its server is down.
+// call alone), in few script runs on a server of its own (a batch takes up
+// to MaxBatch calls, merged per hash slot on a Cluster), that they are not
+// counted in OnBatch, and that every call fails at once when its server is
+// down.
 func TestRunAll(t *testing.T) {
 	t.Parallel()
 	for _, topo := range []string{"standalone", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			t.Parallel()
-			var (
-				client redis.Scripter
-				admins []*redis.Client
-				prefix string
-				srv    *redistest.Server
-			)
-			if topo == "standalone" {
-				srv = redistest.Standalone(t)
-				prefix = srv.Prefix(t)
-				client = srv.Client(t, nil)
-				admins = append(admins, srv.Client(t, nil))
-			} else {
-				cl := redistest.SharedCluster(t)
-				prefix = cl.Prefix(t)
-				client = cl.Client(t, nil)
-				for _, a := range cl.Addrs() {
-					admins = append(admins, redis.NewClient(&redis.Options{Addr: a}))
-				}
-				t.Cleanup(func() {
-					for _, a := range admins {
-						a.Close()
-					}
-				})
-			}
-			scripts := func() (n int) {
-				for _, a := range admins {
-					n += commandCalls(t, a, "evalsha") + commandCalls(t, a, "eval")
-				}
-				return n
-			}
+			tp := newTopology(t, topo)
+			scripts, prefix, srv := tp.scripts, tp.prefix, tp.srv
 			var counted atomic.Int64
-			p := newPipeliner(t, client, Config{StallThreshold: testStall, OnBatch: func(n int) { counted.Add(int64(n)) }})
+			p := newPipeliner(t, tp.client, Config{StallThreshold: testStall, OnBatch: func(n int) { counted.Add(int64(n)) }})
 			ctx := context.Background()
 			const n = 600
 			calls := make([]Call, n)
@@ -441,9 +429,9 @@ func TestRunAll(t *testing.T) {
 			// it are sent again one by one), then counted.
 			p.RunAll(ctx, time.Time{}, batchDecide, calls)
 			counted.Store(0)
-			before := scripts()
+			before := scripts(t)
 			p.RunAll(ctx, time.Time{}, batchDecide, calls)
-			runs := scripts() - before
+			runs := scripts(t) - before
 			for i, c := range calls {
 				if i%100 == 7 {
 					if c.Err == nil || !isRedisError(c.Err) {
@@ -459,10 +447,9 @@ func TestRunAll(t *testing.T) {
 			if topo == "standalone" && (runs < n/DefaultMaxBatch || runs > 2*n/DefaultMaxBatch+2) {
 				t.Errorf("%d calls ran as %d scripts, want batches of up to %d", n, runs, DefaultMaxBatch)
 			}
-			if topo == "cluster" && runs > n/2+n/DefaultMaxBatch+3 {
-				// One run per slot for the second half, a few for the first.
-				t.Errorf("%d calls ran as %d scripts, want the %d of one slot merged", n, runs, n/2)
-			}
+			// On the shared Cluster, other tests run scripts meanwhile: the
+			// count is only logged (one run per slot for the second half, a
+			// few for the first, when nothing else runs).
 			if counted.Load() != 0 {
 				t.Errorf("OnBatch counted %d calls of RunAll", counted.Load())
 			}
