@@ -35,13 +35,16 @@ type RedisConfig struct {
 	// server is probed (25ms, doubling up to 200ms) and used again as
 	// soon as a probe's PING is answered within three quarters of Timeout.
 	//
-	// One wait goes past the deadline: that for a reply that has most
-	// likely come but is not read yet, because this process is short of
-	// CPU. When the deadline's timer fires late, or more goroutines wait
-	// to run than there are processors, or a batch was late lately while
-	// its server answered at once, and the server answers a PING within
-	// 25ms, the decision waits on, 20ms at a time, up to a second more. A
-	// server that answers later gets no more than Timeout. Measured, no
+	// One wait goes past the deadline: that for a reply that has come
+	// but is not read yet, because this process is short of CPU. The
+	// decision waits on, 20ms at a time and up to a second more, only
+	// once its server has answered a PING written after the decision was
+	// sent (so that its reply was sent before); it waits for that answer
+	// within this process's scheduling lag (the runtime's recent figure,
+	// or how late the deadline's timer fired) plus 20ms, or, with more
+	// than 25ms of lag, for as long as the verification under way takes
+	// (a PING written up to 100ms before the decision was sent counting
+	// then). A server that answers later gets no more than Timeout. No
 	// decision was held longer than Timeout plus 25ms beyond this
 	// process's own scheduling lag, whatever the server's delay
 	// (BENCHMARKS.md, "A slow Redis").

@@ -76,13 +76,16 @@
 // A call's own deadline (that of RunBy) is a bound on the server, not on
 // this process: a reply that has come but that a process short of CPU has
 // not read yet is waited for, 20 ms at a time and up to a second past the
-// deadline, while this process is late (the deadline's timer fired late,
-// more goroutines wait to run than there are processors, or a batch was
-// late lately while its server answered at once) and its server answers a
-// PING within 25 ms. A server that answers later gets no more than the
-// deadline. For the same reason, no call is sent directly while this
-// process has more goroutines waiting to run than processors, or was seen
-// late to read replies in the last two seconds.
+// deadline, once the server has answered a PING written after the call
+// was sent (so that the call's reply was sent before). The call waits for
+// that answer within this process's scheduling lag (the runtime's recent
+// scheduling latency, or the lateness of the call's own timer) plus
+// 20 ms; with more than 25 ms of lag, for as long as the verification
+// under way takes, a PING written up to 100 ms before the call was sent
+// counting. A server that answers later gets no more than the deadline,
+// give or take this process's lag. For the same reason, no call is sent
+// directly while this process has more goroutines waiting to run than
+// processors, or was seen late to read replies in the last two seconds.
 //
 // Calls for a destination that is down or slow fail at once with an error
 // that wraps ErrUnavailable and the cause (ErrSlow for a slow one), and so
@@ -189,10 +192,11 @@ type Config struct {
 	// connection errors still mark destinations down.
 	//
 	// A batch outstanding past the threshold marks its destination down
-	// only if the server does not answer a PING either (see the package
-	// documentation): this process being late to read a reply is not the
-	// server stalling. A batch that was only slow, not lost, marks its
-	// destination up again as soon as it is answered.
+	// only if the server does not answer a PING either, and slow if it
+	// answers later than Bound allows (see the package documentation):
+	// this process being late to read a reply is not the server stalling.
+	// A batch that was only slow, not lost, marks its destination up again
+	// as soon as it is answered (within the slow round trip, with Bound).
 	StallThreshold time.Duration
 	// Bound is how long callers give a call, as the Redis store's
 	// Timeout does; zero means that they give none. When positive (and
