@@ -154,3 +154,7 @@ func (l *Limiter) Rules() []Rule {
 	}
 	return out
 }
+
+// DefaultAdminSignIn is how long a browser's sign-in lasts unless
+// AdminConfig.SignIn says.
+const DefaultAdminSignIn = 12 * time.Hour

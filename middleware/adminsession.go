@@ -29,9 +29,6 @@ const (
 	adminCookie = "sluice_admin"
 	// csrfHeader carries the anti-forgery token.
 	csrfHeader = "X-CSRF-Token"
-	// DefaultAdminSignIn is how long a browser's sign-in lasts unless
-	// AdminConfig.SignIn says.
-	DefaultAdminSignIn = 12 * time.Hour
 	// maxTokenLen bounds a token given to POST /session.
 	maxTokenLen = 4096
 )

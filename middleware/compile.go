@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
+	"github.com/sluicehq/sluice/internal/usage"
 	"github.com/sluicehq/sluice/keyfunc"
 )
 
@@ -330,4 +332,92 @@ func sortedNames(m map[string]string) []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// compiledUsage is a rule's Usage, checked, with what its charges need.
+type compiledUsage struct {
+	Usage
+	rule     string // the rule's name
+	name     string // the counters' Name: rule~unit
+	max      int
+	names    []string // the policies, one per limit
+	policy   string   // their RateLimit-Policy items
+	prepared []*headerwrite.Prepared
+}
+
+var unitPattern = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+
+// compileUsage checks the rule's Usage.
+func (c *compiledRule) compileUsage() error {
+	if c.Usage == nil {
+		return nil
+	}
+	u := &compiledUsage{Usage: *c.Usage, rule: c.Name}
+	u.Limits = append([]Limit(nil), c.Usage.Limits...)
+	switch {
+	case !unitPattern.MatchString(u.Unit):
+		return fmt.Errorf("usage: unit %q must match [a-z0-9_]{1,32}", u.Unit)
+	case len(u.Limits) == 0:
+		return fmt.Errorf("usage: no limits")
+	case c.Deny:
+		return fmt.Errorf("usage: a Deny rule charges nothing to settle")
+	case c.Shadow:
+		return fmt.Errorf("usage: a shadow rule cannot settle usage")
+	case !c.Count.IsZero():
+		return fmt.Errorf("usage: a rule cannot both count by outcome and settle usage; use two rules")
+	case u.Estimate < 0:
+		return fmt.Errorf("usage: estimate %d is negative", u.Estimate)
+	case u.Max < 0:
+		return fmt.Errorf("usage: max %d is negative", u.Max)
+	case u.Header != "" && !httptoken.Valid(u.Header):
+		return fmt.Errorf("usage: bad header name %q", u.Header)
+	}
+	windows := map[string]bool{}
+	smallest := 0
+	for i, l := range u.Limits {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("usage: %v", err)
+		}
+		switch {
+		case l.Algorithm == LeakyBucket:
+			return fmt.Errorf("usage: limits[%d]: a leaky_bucket cannot settle usage (it queues requests); use a sliding_window, fixed_window, token_bucket or sliding_log", i)
+		case l.Ceiling != 0:
+			return fmt.Errorf("usage: limits[%d]: a usage limit cannot be elastic (ceiling)", i)
+		case l.Ban != 0:
+			return fmt.Errorf("usage: limits[%d]: a usage limit cannot ban; put the ban on the rule's limits", i)
+		}
+		if w := windowName(l); windows[w] {
+			return fmt.Errorf("usage: two limits with window %s; one limit per window", w)
+		} else {
+			windows[w] = true
+		}
+		if smallest == 0 || l.Capacity() < smallest {
+			smallest = l.Capacity()
+		}
+	}
+	u.max = u.Max
+	if u.max == 0 {
+		u.max = smallest
+	}
+	if u.max > usage.MaxUnits {
+		return fmt.Errorf("usage: max %d is more than 2^50", u.Max)
+	}
+	u.name = c.Name + usageSuffix + u.Unit
+	ps := make([]headers.Policy, len(u.Limits))
+	for i, l := range u.Limits {
+		u.names = append(u.names, policyName(c.Name+"-"+u.Unit, l, len(u.Limits)))
+		ps[i] = policyOf(u.names[i], l)
+		u.prepared = append(u.prepared, headerwrite.Prepare(u.names[i], l.Capacity()))
+	}
+	u.policy = headers.FormatPolicies(ps...)
+	c.usage = u
+	return nil
+}
+
+// usageLimits returns the rule's usage limits, nil if it has none.
+func (c *compiledRule) usageLimits() []Limit {
+	if c.usage == nil {
+		return nil
+	}
+	return c.usage.Limits
 }

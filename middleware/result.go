@@ -265,3 +265,23 @@ func joinPolicies(metas []chargeMeta) string {
 	}
 	return string(b)
 }
+
+// Finish ends a request: it gives back the request's concurrency slots
+// (as Done does); for rules that count by outcome (Rule.Count), it gives
+// back the request's charges if the response's status does not count; and
+// for usage limits (Rule.Usage), it charges the difference between what
+// the request used (Settle) and what it was charged when admitted, or
+// gives it back.
+// Front ends call it once the handler has returned, with the status the
+// client got, or 0 if the handler panicked (counted as 500); Handler and
+// the Gin, Echo and Fiber adapters do. It is safe to call on any Result,
+// more than once, and from any goroutine: only the first call settles.
+func (res *Result) Finish(status int) {
+	if s := res.settle; s != nil {
+		if status == 0 {
+			status = panicStatus
+		}
+		s.once.Do(func() { s.finish(status) })
+	}
+	res.Done()
+}

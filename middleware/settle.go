@@ -4,42 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/usage"
+	"github.com/sluicehq/sluice/keyfunc"
 )
-
-// Refunder is implemented by stores that can give back charges they
-// admitted: the memory and Redis stores. Rules that count only some
-// responses (Rule.Count) need one: their requests are charged before the
-// handler runs and the charge is given back when the response does not
-// count.
-type Refunder interface {
-	// TakeAt is Take that also returns the instant the charges were
-	// decided at (the store's clock when now is the zero time).
-	TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (allowed bool, at time.Time, err error)
-	// Refund gives back the costs of charges admitted at at: off a
-	// sliding window's count of the window that holds at, a fixed
-	// window's count if it is still that window, a token bucket's level;
-	// never below zero.
-	Refund(ctx context.Context, at time.Time, charges []Charge) error
-}
-
-// Settler is implemented by stores that can settle costs after the fact:
-// the memory and Redis stores, and RegionStore. Rules with usage limits
-// (Rule.Usage) need one: their requests are charged an estimate when
-// admitted, and the difference with what they used once they have run.
-type Settler interface {
-	Refunder
-	// Settle charges the costs of charges at now whether they fit or not,
-	// a charge that cannot be refused: a counter it takes past its limit
-	// is in debt, which the client waits off. It writes one Decision per
-	// charge into out, describing the counter after the charge as a read
-	// would find it (Debt, Remaining, and NextAfter: when one unit fits
-	// again). The zero now means the store's clock.
-	Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error
-}
 
 // settlement is what an admitted request owes the rules that count by
 // outcome (their charges, given back by Finish if the status does not
@@ -67,26 +39,6 @@ type usageLine struct {
 	charge Charge // Cost is unused
 	policy string
 	rule   string
-}
-
-// Finish ends a request: it gives back the request's concurrency slots
-// (as Done does); for rules that count by outcome (Rule.Count), it gives
-// back the request's charges if the response's status does not count; and
-// for usage limits (Rule.Usage), it charges the difference between what
-// the request used (Settle) and what it was charged when admitted, or
-// gives it back.
-// Front ends call it once the handler has returned, with the status the
-// client got, or 0 if the handler panicked (counted as 500); Handler and
-// the Gin, Echo and Fiber adapters do. It is safe to call on any Result,
-// more than once, and from any goroutine: only the first call settles.
-func (res *Result) Finish(status int) {
-	if s := res.settle; s != nil {
-		if status == 0 {
-			status = panicStatus
-		}
-		s.once.Do(func() { s.finish(status) })
-	}
-	res.Done()
 }
 
 func (s *settlement) finish(status int) {
@@ -345,6 +297,167 @@ func (l *Limiter) checkRefunder(set *ruleSet) error {
 		}
 		if _, ok := l.cfg.store.(Refunder); !ok {
 			return fmt.Errorf("sluice: rule %q: count needs a store that can give charges back (a Refunder, such as the memory and Redis stores); %T cannot", r.Name, l.cfg.store)
+		}
+	}
+	return nil
+}
+
+// settleFrom is Result.SettleFrom.
+func (s *settlement) settleFrom(h ResponseHeader) error {
+	if s.header == "" {
+		return nil
+	}
+	v := h.Get(s.header)
+	if v != "" {
+		h.Del(s.header)
+	} else if v = h.Get(http.TrailerPrefix + s.header); v != "" {
+		h.Del(http.TrailerPrefix + s.header)
+	} else {
+		return nil
+	}
+	units, err := usage.ParseUnits(v)
+	if err == nil {
+		err = s.settleUnits(units)
+	}
+	if err != nil {
+		err = fmt.Errorf("sluice: rule %q: usage header %s: %w", s.lines[0].rule, s.header, err)
+		s.l.cfg.report(nil, err)
+	}
+	return err
+}
+
+// usageSuffix separates a rule's name from its usage unit in the Name of
+// the usage limits' counters: "~" is a character no rule name has, so
+// that no rule's counters can be another's, and the word keeps them apart
+// from an elastic limit's headroom ("~elastic").
+const usageSuffix = "~usage~"
+
+// usageCharge reports whether c is a charge of a usage limit.
+func usageCharge(c *Charge) bool { return strings.Contains(c.Name, usageSuffix) }
+
+// anyUsage reports whether a charge is of a usage limit: their denials are
+// never remembered by the deny cache, since a usage limit whose estimate
+// does not fit still admits while its budget is not spent (retryUsage).
+func anyUsage(charges []Charge) bool {
+	for i := range charges {
+		if usageCharge(&charges[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// estimate is what a request of the rule is charged on its usage limits
+// when admitted: the estimate, between 1 and Max.
+func (u *compiledUsage) estimate(r keyfunc.Request) int {
+	e := u.Estimate
+	if u.EstimateFunc != nil {
+		e = u.EstimateFunc(r)
+	}
+	return min(max(e, 1), u.max)
+}
+
+// addUsage appends the usage charges of rule for r, whose key is key, to
+// s.
+func (s *scratch) addUsage(u *compiledUsage, key string, r keyfunc.Request) {
+	e := u.estimate(r)
+	for i, lim := range u.Limits {
+		s.charges = append(s.charges, Charge{Key: key, Name: u.name, Limit: lim, Cost: e})
+		s.metas = append(s.metas, chargeMeta{name: u.names[i], nominal: &u.Limits[i], policy: u.policy, prepared: u.prepared[i], usage: u, estimate: e})
+	}
+	s.usage = true
+}
+
+// retryUsage decides again a request that only its usage limits denied,
+// each with at least one unit left: the client's budget is not spent, so
+// the request is admitted on one unit of each, the rest of its usage to
+// be settled when it ends. It reports whether the request was admitted;
+// if so, s.charges and s.decisions are those of the second call, which
+// charged the usage limits 1. If not (a concurrent request spent the
+// budget, or the store failed), the first decisions stand.
+func (l *Limiter) retryUsage(ctx context.Context, now time.Time, s *scratch) bool {
+	tried := false
+	for i := range s.decisions {
+		if s.decisions[i].Allowed {
+			continue
+		}
+		if s.metas[i].usage == nil || s.decisions[i].Remaining < 1 {
+			return false
+		}
+		tried = true
+	}
+	if !tried {
+		return false
+	}
+	s.usageAlt = append(s.usageAlt[:0], s.charges...)
+	for i := range s.decisions {
+		if !s.decisions[i].Allowed {
+			s.usageAlt[i].Cost = 1
+		}
+	}
+	s.usageDec = grow(s.usageDec, len(s.usageAlt))
+	ok, err := l.takeAt(ctx, now, s.usageAlt, s.usageDec, s.atp)
+	if err != nil {
+		l.cfg.report(nil, err)
+		return false
+	}
+	if ok {
+		copy(s.charges, s.usageAlt)
+		copy(s.decisions, s.usageDec)
+	}
+	return ok
+}
+
+// settleThroughFleet makes the usage of a request decided by the
+// coordination layer (rules in lease or write-back mode) settle through
+// it: at the instant it was decided on this server's clock, for what is
+// given back, and with the layer as its store, which charges the
+// write-back counters' views (pushed with their other counts), the lease
+// counters' slices, and the exact store for the rest. A request the local
+// fallback decided (FailLocal) settles with the fallback.
+func (l *Limiter) settleThroughFleet(fs *fleetstore.Store, now time.Time, s *scratch) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	s.at = now
+	if s.store == nil {
+		s.store = fleetSettler{fs}
+	}
+}
+
+// fleetSettler settles through the coordination layer; see
+// settleThroughFleet.
+type fleetSettler struct{ fs *fleetstore.Store }
+
+func (f fleetSettler) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return f.fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+func (f fleetSettler) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
+	ok, err := f.Take(ctx, now, charges, out)
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return ok, now, err
+}
+
+func (f fleetSettler) Refund(ctx context.Context, at time.Time, charges []Charge) error {
+	return f.fs.Refund(ctx, at, internalCharges(charges))
+}
+
+func (f fleetSettler) Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error {
+	return f.fs.Settle(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
+// checkSettler reports an error if set has rules with usage limits and
+// the store cannot settle them.
+func (l *Limiter) checkSettler(set *ruleSet) error {
+	for _, r := range set.rules {
+		if r.usage == nil {
+			continue
+		}
+		if _, ok := l.cfg.store.(Settler); !ok {
+			return fmt.Errorf("sluice: rule %q: usage needs a store that can settle costs after the fact (a Settler, such as the memory and Redis stores); %T cannot", r.Name, l.cfg.store)
 		}
 	}
 	return nil

@@ -301,3 +301,34 @@ type Store interface {
 	// was decided; the Limiter's failure policy then applies.
 	Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (allowed bool, err error)
 }
+
+// Refunder is implemented by stores that can give back charges they
+// admitted: the memory and Redis stores. Rules that count only some
+// responses (Rule.Count) need one: their requests are charged before the
+// handler runs and the charge is given back when the response does not
+// count.
+type Refunder interface {
+	// TakeAt is Take that also returns the instant the charges were
+	// decided at (the store's clock when now is the zero time).
+	TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (allowed bool, at time.Time, err error)
+	// Refund gives back the costs of charges admitted at at: off a
+	// sliding window's count of the window that holds at, a fixed
+	// window's count if it is still that window, a token bucket's level;
+	// never below zero.
+	Refund(ctx context.Context, at time.Time, charges []Charge) error
+}
+
+// Settler is implemented by stores that can settle costs after the fact:
+// the memory and Redis stores, and RegionStore. Rules with usage limits
+// (Rule.Usage) need one: their requests are charged an estimate when
+// admitted, and the difference with what they used once they have run.
+type Settler interface {
+	Refunder
+	// Settle charges the costs of charges at now whether they fit or not,
+	// a charge that cannot be refused: a counter it takes past its limit
+	// is in debt, which the client waits off. It writes one Decision per
+	// charge into out, describing the counter after the charge as a read
+	// would find it (Debt, Remaining, and NextAfter: when one unit fits
+	// again). The zero now means the store's clock.
+	Settle(ctx context.Context, now time.Time, charges []Charge, out []Decision) error
+}
