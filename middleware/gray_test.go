@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -373,18 +374,28 @@ func TestSlowRedis(t *testing.T) {
 		// A process of its own, whose heap is held at a few MiB
 		// (GOMEMLIMIT): the garbage collector runs all the time.
 		t.Parallel()
-		cmd := exec.Command(os.Args[0], "-test.run=^TestSlowRedis$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), grayMemoryEnv+"=1", "GOMEMLIMIT=8MiB")
-		out, err := cmd.CombinedOutput()
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line, "gray_test.go") {
-				t.Log(strings.TrimSpace(line))
-			}
-		}
-		if err != nil {
-			t.Errorf("the memory-starved process: %v\n%s", err, out)
-		}
+		inProcess(t, "the memory-starved process", nil, "^TestSlowRedis$", "gray_test.go", grayMemoryEnv+"=1", "GOMEMLIMIT=8MiB")
 	})
+}
+
+// inProcess runs the tests run matches in a process of their own (this
+// test binary again, after the command prefix if any) with env added to
+// its environment, logs its lines that name file, and fails t, naming
+// the process what, if it fails.
+func inProcess(t *testing.T, what string, prefix []string, run, file string, env ...string) {
+	t.Helper()
+	args := append(append(slices.Clip(prefix), os.Args[0]), "-test.run="+run, "-test.v", "-test.count=1")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, file) {
+			t.Log(strings.TrimSpace(line))
+		}
+	}
+	if err != nil {
+		t.Errorf("%s: %v\n%s", what, err, out)
+	}
 }
 
 // grayMemoryEnv runs TestSlowRedis as the process of its memory-starved

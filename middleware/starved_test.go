@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,17 +71,8 @@ func TestStarvedCallers(t *testing.T) {
 			// priority, as an app server whose Redis is on another
 			// machine: Redis gets the CPU it needs to answer, and what
 			// is starved is only the app server.
-			cmd := exec.Command(nice, "-n", "19", os.Args[0], "-test.run=^TestStarvedCallers$/^"+tt.name+"$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), starvedRedisEnv+"="+srv.Addr(), starvedPrefixEnv+"="+srv.Prefix(t))
-			out, err := cmd.CombinedOutput()
-			for _, line := range strings.Split(string(out), "\n") {
-				if strings.Contains(line, "starved_test.go") {
-					t.Log(strings.TrimSpace(line))
-				}
-			}
-			if err != nil {
-				t.Errorf("the app server's process: %v\n%s", err, out)
-			}
+			inProcess(t, "the app server's process", []string{nice, "-n", "19"}, "^TestStarvedCallers$/^"+tt.name+"$", "starved_test.go",
+				starvedRedisEnv+"="+srv.Addr(), starvedPrefixEnv+"="+srv.Prefix(t))
 		})
 	}
 }
