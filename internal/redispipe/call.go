@@ -228,8 +228,8 @@ func (c *call) complete(val any, err error) {
 // this process takes to read the reply: a process short of CPU may not
 // have run the lane that reads the reply although the reply is in. So at
 // the deadline, if the reply has most likely come (see dest.overrun), the
-// call waits on, a step at a time, up to maxOverrun past the deadline. A server that answers, but late, gets no more than the
-// deadline.
+// call waits on, a step at a time, up to maxOverrun past the deadline. A
+// server that answers, but late, gets no more than the deadline.
 func (c *call) wait(ctx context.Context) (any, error) {
 	var cause error
 	select {

@@ -393,7 +393,6 @@ func TestScenarios(t *testing.T) {
 				if lim := q.tick + 3*d + 100*time.Millisecond; res.converge < 0 || res.converge > lim {
 					t.Errorf("converged %v after healing, want within %v", res.converge, lim)
 				}
-
 			default:
 				if res.max < q.limit {
 					t.Errorf("at most %d admitted in a window with more than the limit %d offered", res.max, q.limit)
