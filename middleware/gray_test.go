@@ -303,16 +303,17 @@ func burnCPU() (stop func()) {
 // packets are dropped), then is fast again for 1.5 s: a standalone server,
 // and one master of a three-master Cluster; and twice more at 100 ms,
 // with this process short of CPU throughout (a CPU-bound goroutine per
-// processor), and in a process of its own short of memory (GOMEMLIMIT of
-// 8 MiB, so that the garbage collector runs all the time; the timing
-// goals are only logged there, the garbage collector holding requests in
-// ways the scheduling lag does not measure). The cases run in parallel
-// with
-// each other, not with the package's other tests. It asserts the goals
-// below, allowing for this process's scheduling lag (package schedlag) as
-// the outage tests do; when this process went unscheduled for more than
-// grayBusyLag, the machine is too busy for timing to prove anything (its
-// redis-servers starve too), and a missed timing goal is only logged:
+// processor), and short of memory (GOMEMLIMIT of 8 MiB, so that the
+// garbage collector runs all the time; the timing goals are only logged
+// there, the garbage collector holding requests in ways the scheduling
+// lag does not measure), each of those two in a process of its own, so
+// that its starving does not reach the other cases. The cases run in
+// parallel with each other, not with the package's other tests. It
+// asserts the goals below, allowing for this process's scheduling lag
+// (package schedlag) as the outage tests do; when this process went
+// unscheduled for more than grayBusyLag, the machine is too busy for
+// timing to prove anything (its redis-servers starve too), and a missed
+// timing goal is only logged:
 //
 //   - no request is held longer than the store's Timeout (100 ms) plus
 //     25 ms, whatever the phase (from half the warm-up on: the first
@@ -335,10 +336,17 @@ func TestSlowRedis(t *testing.T) {
 	}
 	base := grayCase{rate: loadRate / 4, goroutines: loadGoroutines / 4,
 		warm: time.Second, slow: 3 * time.Second, after: 1500 * time.Millisecond}
-	if os.Getenv(grayMemoryEnv) != "" {
+	switch os.Getenv(grayStarvedEnv) {
+	case "memory":
 		// The process of the memory-starved case, started below.
 		c := base
 		c.delay, c.starvedOfMemory = 100*time.Millisecond, true
+		checkGray(t, c, runGray(t, c))
+		return
+	case "cpu":
+		// The process of the CPU-starved case, started below.
+		c := base
+		c.delay, c.burn = 100*time.Millisecond, true
 		checkGray(t, c, runGray(t, c))
 		return
 	}
@@ -361,20 +369,23 @@ func TestSlowRedis(t *testing.T) {
 			cases = append(cases, tc{name, c})
 		}
 	}
-	starved := base
-	starved.delay, starved.burn = 100*time.Millisecond, true
-	cases = append(cases, tc{"standalone/100ms-cpu-starved", starved})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			checkGray(t, c.grayCase, runGray(t, c.grayCase))
 		})
 	}
+	t.Run("standalone/100ms-cpu-starved", func(t *testing.T) {
+		// A process of its own, with a CPU-bound goroutine per processor
+		// throughout: in this one, they would starve the other cases too.
+		t.Parallel()
+		inProcess(t, "the CPU-starved process", nil, "^TestSlowRedis$", "gray_test.go", grayStarvedEnv+"=cpu")
+	})
 	t.Run("standalone/100ms-memory-starved", func(t *testing.T) {
 		// A process of its own, whose heap is held at a few MiB
 		// (GOMEMLIMIT): the garbage collector runs all the time.
 		t.Parallel()
-		inProcess(t, "the memory-starved process", nil, "^TestSlowRedis$", "gray_test.go", grayMemoryEnv+"=1", "GOMEMLIMIT=8MiB")
+		inProcess(t, "the memory-starved process", nil, "^TestSlowRedis$", "gray_test.go", grayStarvedEnv+"=memory", "GOMEMLIMIT=8MiB")
 	})
 }
 
@@ -398,9 +409,9 @@ func inProcess(t *testing.T, what string, prefix []string, run, file string, env
 	}
 }
 
-// grayMemoryEnv runs TestSlowRedis as the process of its memory-starved
-// case.
-const grayMemoryEnv = "SLUICE_GRAY_MEMORY"
+// grayStarvedEnv runs TestSlowRedis as the process of its memory-starved
+// case ("memory") or of its CPU-starved one ("cpu").
+const grayStarvedEnv = "SLUICE_GRAY_STARVED"
 
 // grayBusyLag is the scheduling lag of this process past which
 // TestSlowRedis only logs a missed timing goal.
@@ -535,12 +546,13 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 
 // TestSlowRedisPolicies makes a standalone Redis slow (100 ms each way,
 // a round trip of twice the store's Timeout) under each failure policy:
-// once the server is found slow, requests for it go to the policy at
-// once, without waiting out the bound (FailOpen lets them through,
-// FailClosed fails them, FailLocal decides them with the local fallback,
-// which counts: a client's sixth request of five is denied); and they
-// are decided by Redis again within 1 s of the link being fast. Timing
-// goals are only logged on a machine too busy for them (timingGate).
+// once the server is found slow (Limiter.Health says so), requests for
+// it go to the policy at once, without waiting out the bound (FailOpen
+// lets them through, FailClosed fails them, FailLocal decides them with
+// the local fallback, which counts: a client's sixth request of five is
+// denied); and they are decided by Redis again within 1 s of the link
+// being fast. Timing goals are only logged on a machine too busy for them
+// (timingGate).
 func TestSlowRedisPolicies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slows a real Redis down for a few seconds")
@@ -611,6 +623,9 @@ func TestSlowRedisPolicies(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			t.Logf("found slow %v after the link was", time.Since(slowFrom).Round(time.Millisecond))
+			if h := lim.Health(); len(h.Servers) != 1 || h.Servers[0].Up || !h.Servers[0].Slow {
+				t.Errorf("Health().Servers = %+v, want the one server slow", h.Servers)
+			}
 			for i := range 8 {
 				res, err, took := decide("198.51.100.1")
 				if cerr := tt.check(i, res, err); cerr != nil {
