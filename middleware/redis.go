@@ -34,6 +34,7 @@ type RedisConfig struct {
 	// as while it is down, rather than each waiting out Timeout; the
 	// server is probed (25ms, doubling up to 200ms) and used again as
 	// soon as a probe's PING is answered within three quarters of Timeout.
+	// With a negative Timeout, no server is ever slow.
 	//
 	// One wait goes past the deadline: that for a reply that has come
 	// but is not read yet, because this process is short of CPU. The
@@ -44,10 +45,10 @@ type RedisConfig struct {
 	// or how late the deadline's timer fired) plus 20ms, or, with more
 	// than 25ms of lag, for as long as the verification under way takes
 	// (a PING written up to 100ms before the decision was sent counting
-	// then). A server that answers later gets no more than Timeout. No
-	// decision was held longer than Timeout plus 25ms beyond this
-	// process's own scheduling lag, whatever the server's delay
-	// (BENCHMARKS.md, "A slow Redis").
+	// then). A server that answers later gets no more than Timeout. In
+	// the tests and measurements (TestSlowRedis; BENCHMARKS.md, "A slow
+	// Redis"), no decision was held longer than Timeout plus 25ms beyond
+	// this process's own scheduling lag, whatever the server's delay.
 	Timeout time.Duration
 	// StallThreshold is how long a batch of decisions may wait for a
 	// server's answer before the server is asked, with a PING on a

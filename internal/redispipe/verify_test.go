@@ -114,6 +114,11 @@ func TestLateLane(t *testing.T) {
 	c := srv.Client(t, nil)
 	var log stateLog
 	p := newPipeliner(t, c, Config{OnStateChange: log.record})
+	// The destination dials its watch connection in the background; a
+	// call past its deadline waits for a verification only once it is
+	// there (not for a dial, which a busy machine may make slow).
+	warm(t, p, key)
+	awaitWatch(t, p)
 	p.send = func(d *dest, ctx context.Context, sent []*call) bool {
 		time.Sleep(100 * time.Millisecond)
 		client := d.client.Load()
@@ -149,6 +154,34 @@ func TestLateLane(t *testing.T) {
 	_, err := p.RunBy(context.Background(), time.Now().Add(time.Second), batchDecide, []string{key}, decideArgs...)
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrStalled) {
 		t.Errorf("a call to a hung server: %v, want ErrUnavailable (ErrStalled)", err)
+	}
+}
+
+// awaitWatch waits, for up to 5 s, until every destination of p has its
+// watch connection.
+func awaitWatch(t *testing.T, p *Pipeliner) {
+	t.Helper()
+	p.mu.Lock()
+	dests := make([]*dest, 0, len(p.byName)+1)
+	for _, d := range p.byName {
+		dests = append(dests, d)
+	}
+	p.mu.Unlock()
+	if p.single != nil {
+		dests = append(dests, p.single)
+	}
+	for _, d := range dests {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			d.watch.mu.Lock()
+			ready := d.watch.conn != nil
+			d.watch.mu.Unlock()
+			if ready {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s has no watch connection after 5 s", d.name)
+			}
+		}
 	}
 }
 
