@@ -25,8 +25,19 @@
 // in force, peek and reset a client's counters, top clients, bans,
 // overrides, and an operator page at its root, whose address is printed),
 // which requires the token of $SLUICE_ADMIN_TOKEN (or a random one printed
-// at start). Logs go to
-// stderr through log/slog.
+// at start); -region, -peer NAME=ADDR (repeatable) and -home put the
+// server in one of several regions, each with its Redis, sharing the
+// limits of rules with scope: global or global_strict (docs/regions.md).
+// Logs go to stderr through log/slog.
+//
+// The built-in rules show a capability on each route, and the server
+// prints curl commands to try them: a limit per client everywhere and per
+// API key on /api/*, concurrency and a leaky bucket (docs/algorithms.md),
+// an elastic limit and adaptive concurrency (docs/overload.md), failed
+// logins counted by outcome and then banned (login.go, docs/logins.md),
+// and an LLM-style route, POST /v1/chat, whose tokens are settled when
+// its stream ends (chat.go, docs/usage.md). README.md beside this file
+// lists the routes and flags.
 package main
 
 import (

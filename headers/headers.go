@@ -16,9 +16,18 @@
 //     allowed response until r next grows, 0 when the quota is whole; on a
 //     denial the Retry-After of a one-unit request).
 //
+// The X-RateLimit-* fields and RateLimit describe the binding policy (the
+// one that denied, or the one with the fewest units left); a request
+// limited in several units at once (requests and an LLM's tokens) lists
+// the other policies after it in RateLimit (Values.Others), and
+// RateLimit-Policy lists every policy that applied.
+//
 // Retry-After, in delta-seconds rounded up, is sent only on a denial. It is
 // the wait for the denied request itself, whose cost may be more than one
 // unit, so on a denial t may be less than Retry-After, never more.
+//
+// docs/headers.md shows the fields of allowed and denied responses, the
+// styles (Style) and the 429 body.
 package headers
 
 import (

@@ -22,12 +22,18 @@
 //	Route               route:GET /users/{id}, or path:/users/42 when no
 //	                    route matched (path#<hash> over 128 bytes)
 //	Global              global
+//	First               the first that finds one: user:42, else ip:192.0.2.1
 //	Join                ip:192.0.2.1|route:GET /users/{id}
 //
 // A <hash> is 22 characters of unpadded base64url (see Hash). Values that
 // appear in a key unhashed are escaped (see Escape), so that none contains
 // the "|" that Join puts between keys. The keys of this package never share
 // memory with the Request.
+//
+// docs/rules.md lists the key names of a rules file and the functions
+// they stand for; docs/adapters.md says why no adapter uses its
+// framework's idea of the client's address, and how to configure
+// ClientIP behind proxies.
 package keyfunc
 
 import (

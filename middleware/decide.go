@@ -559,3 +559,26 @@ func grow[T any](s []T, n int) []T {
 	}
 	return s[:n]
 }
+
+// storeTake asks store to decide charges at now, with TakeAt when at is
+// not nil (see take).
+func (l *Limiter) storeTake(store Store, ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
+	if at == nil && store == l.cfg.store {
+		if fs := l.syncs.store.Load(); fs != nil {
+			// Rules in lease or write-back mode (sync.go).
+			return fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
+		}
+	}
+	if at == nil {
+		return store.Take(ctx, now, charges, out)
+	}
+	rf, ok := store.(Refunder)
+	if !ok {
+		return store.Take(ctx, now, charges, out)
+	}
+	allowed, when, err := rf.TakeAt(ctx, now, charges, out)
+	if err == nil && allowed {
+		*at = when
+	}
+	return allowed, err
+}

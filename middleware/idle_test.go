@@ -24,17 +24,26 @@ import (
 // about: "spare" (the spare capacity of elastic limits, at
 // <prefix>{capacity}), "admin" (the overrides' and bans' version and
 // lists, at <prefix>{sluice-admin}...), "top" (the top-client summaries,
-// at <prefix>{top:...}) or "counters" (anything else: decisions, fleet
-// calls, slots, pings of a server taken as down).
+// at <prefix>{top:...}), "setup" (a new connection's handshake, a
+// script's loading) or "counters" (anything else: decisions, fleet calls,
+// slots, pings of a server taken as down).
 type roundTrips struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	names map[string]int // counters' round trips by first command and key
 }
 
 func (h *roundTrips) count(cmd redis.Cmder) {
 	kind := "counters"
 	args := cmd.Args()
-	if name, _ := args[0].(string); (name == "evalsha" || name == "eval") && len(args) > 3 {
+	name, _ := args[0].(string)
+	switch name {
+	case "hello", "client", "auth", "select", "script":
+		// A connection's handshake (go-redis dials another one when two
+		// background calls overlap) and a script's loading.
+		kind = "setup"
+	}
+	if (name == "evalsha" || name == "eval") && len(args) > 3 {
 		switch key, _ := args[3].(string); {
 		case strings.Contains(key, "{capacity}"):
 			kind = "spare"
@@ -49,6 +58,16 @@ func (h *roundTrips) count(cmd redis.Cmder) {
 		h.n = map[string]int{}
 	}
 	h.n[kind]++
+	if kind == "counters" {
+		if h.names == nil {
+			h.names = map[string]int{}
+		}
+		name := fmt.Sprint(args[0])
+		if len(args) > 3 {
+			name += " " + fmt.Sprint(args[3])
+		}
+		h.names[name]++
+	}
 	h.mu.Unlock()
 }
 
@@ -56,6 +75,14 @@ func (h *roundTrips) snapshot() map[string]int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return maps.Clone(h.n)
+}
+
+// counterNames returns the counters' round trips so far by their first
+// command and key.
+func (h *roundTrips) counterNames() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.names)
 }
 
 func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -194,9 +221,20 @@ func idleRoundTrips(t *testing.T, servers, keys int) map[string]float64 {
 	admin := srv.Client(t, nil)
 	use := redistest.ReadUsage(t, admin)
 	before := total()
+	namesBefore := make([]map[string]int, servers)
+	for i, c := range counters {
+		namesBefore[i] = c.counterNames()
+	}
 	const measure = idleMeasure
 	time.Sleep(measure)
-	out := map[string]float64{"admin": 0, "spare": 0, "counters": 0, "top": 0}
+	for i, c := range counters {
+		for name, n := range c.counterNames() {
+			if d := n - namesBefore[i][name]; d > 0 {
+				t.Logf("server %d, %d keys: counters round trips %q: %d", i, keys, name, d)
+			}
+		}
+	}
+	out := map[string]float64{"admin": 0, "spare": 0, "counters": 0, "top": 0, "setup": 0}
 	for k, n := range total() {
 		out[k] = float64(n-before[k]) / measure.Seconds() / float64(servers)
 	}

@@ -13,6 +13,13 @@
 //	g := grpc.NewServer()
 //	srv.Register(g)
 //
+// Each descriptor is decided by its own Limiter.Decide, and hits_addend
+// is its cost. A descriptor marked usage: true in the file is a budget of
+// usage reported when a stream ends (Envoy's apply_on_stream_done): the
+// call that checks it is refused only once the budget is spent, and the
+// call at the end is charged whatever the counter holds, which may leave
+// the client a debt it waits off (docs/usage.md).
+//
 // The command cmd/sluice-rls is such a server, ready to run; docs/grpc.md
 // in the repository shows it behind Envoy. To limit the calls of a Go gRPC
 // server itself, see the interceptors of module adapters/grpclimit.

@@ -38,6 +38,19 @@
 // functions, Rule.Skip, CostFunc, LimitsFunc and the Limiter's hooks must
 // copy what they keep. The keys key functions return are fresh strings.
 //
+// # After the handlers
+//
+// An admitted request is finished as the net/http middleware finishes it,
+// once the handlers return (a panic counts as 500): its concurrency slots
+// are given back, a rule that counts by outcome (middleware.Rule.Count)
+// keeps or gives back its charge by the status the client gets
+// (docs/logins.md), and usage limits (middleware.Rule.Usage) are settled
+// from what a handler passed to middleware.Settle with c.UserContext(), or
+// from the usage header, which Fiber sends only once the handlers return
+// (docs/usage.md). A body streamed with SetBodyStreamWriter is written
+// after that: its writer settles through the context it kept.
+//
 // The Limiter's net/http options WithSkip, WithDenyHandler and
 // WithErrorHandler do not apply here; use the fields of Config instead.
+// docs/adapters.md shows the three adapters side by side.
 package sluicefiber

@@ -23,6 +23,17 @@
 // c.Keys: an authentication middleware that runs before the limiter should
 // store the user with c.Request = c.Request.WithContext(ctx).
 //
+// # After the handlers
+//
+// An admitted request is finished as the net/http middleware finishes it,
+// once the handlers return (a panic counts as 500): its concurrency slots
+// are given back, a rule that counts by outcome (middleware.Rule.Count)
+// keeps or gives back its charge by c.Writer.Status() (docs/logins.md), and
+// usage limits (middleware.Rule.Usage) are settled from what a handler
+// passed to middleware.Settle with c.Request.Context(), or from the usage
+// header, taken off the response before it is sent (docs/usage.md).
+//
 // The Limiter's net/http options WithSkip, WithDenyHandler and
 // WithErrorHandler do not apply here; use the fields of Config instead.
+// docs/adapters.md shows the three adapters side by side.
 package sluicegin

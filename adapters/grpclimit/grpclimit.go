@@ -50,6 +50,9 @@
 // InvalidArgument 400, Unauthenticated 401, PermissionDenied 403, NotFound
 // 404, ResourceExhausted 429, Unimplemented 501, Unavailable 503,
 // DeadlineExceeded 504, others 500).
+//
+// docs/grpc.md shows the interceptors beside sluice-rls (module
+// adapters/envoyrls), and docs/usage.md the life of a usage limit.
 package grpclimit
 
 import (

@@ -2,7 +2,8 @@
 // sign-in that are pure functions: the anti-forgery token derived from a
 // session's secret, the same-origin check of requests that change state,
 // and the keyed hash that stands for a client's key when keys are
-// personal data.
+// personal data (middleware.AdminConfig.HashKeys). docs/operations.md
+// describes the sign-in and the hashed keys.
 package adminauth
 
 import (

@@ -2,6 +2,14 @@
 // page, its script and its style sheet, embedded, with no external
 // scripts, fonts or other resources, so that it works on closed networks.
 // The page reads the handler's JSON endpoints; it holds no data itself.
+//
+// After the sign-in, it shows each rule's top clients over the last minute
+// or hour, the bans and per-client overrides in force, each rule's allowed
+// and denied requests over the last 15 minutes, and the health of the
+// store's servers; from it an operator peeks at a client's counters, bans a
+// client, lifts a ban, and sets or removes an override. Serve answers for
+// its files, with a strict Content-Security-Policy (CSP).
+// docs/operations.md describes the page and the endpoints it reads.
 package adminpage
 
 import (

@@ -1,13 +1,18 @@
 // Package clients holds what a Limiter knows about single clients beyond
-// their counters: the bans in force (Bans) and the per-client overrides of
-// a rule's limits (Overrides), each a bounded table keyed by rule and key,
-// safe for concurrent use and cheap to consult on every decision (an
-// atomic length read first, so that a limiter with none takes no lock).
+// their counters: the bans in force (Bans), the pauses an upstream asked
+// the outbound transport for (a second Bans table: a pause is kept as a
+// ban is, until an instant), and the per-client overrides of a rule's
+// limits (Overrides), each a bounded table keyed by rule and key, safe for
+// concurrent use and cheap to consult on every decision (an atomic length
+// read first, so that a limiter with none takes no lock). EncodeLimits and
+// DecodeLimits write an override's limits as the Redis store keeps them
+// for the fleet.
 //
-// Package middleware keeps the public face (Limiter.Bans, LiftBan,
-// SetOverride, ...), decides what is banned or overridden, and syncs both
-// with a shared store; the tables know nothing of rules' limits, stores or
-// requests.
+// Package middleware keeps the public face (Limiter.Ban, LiftBan,
+// SetOverride, Pause, ...), decides what is banned, paused or overridden,
+// and shares all three with the fleet through a shared store; the tables
+// know nothing of rules' limits, stores or requests. Bans and overrides are
+// described in docs/logins.md, pauses in docs/outbound.md.
 package clients
 
 import (

@@ -54,7 +54,10 @@
 // That reasoning assumes the store does not lose counts. If it does (an
 // in-memory store that evicted the counter to stay within its bounds, a
 // Redis that lost data, an administrator's reset) the store may admit
-// earlier than the cache expects. Forget drops a Key's entries after a
+// earlier than the cache expects. So may a counter whose admitted charges
+// are later taken back (a rule that counts by outcome, a usage that came
+// in under its estimate): package middleware records no denial of a
+// request with such charges. Forget drops a Key's entries after a
 // reset, and Config.MaxTTL bounds how long any one entry can outlive such
 // a loss.
 //

@@ -1,10 +1,12 @@
 // Package fleet holds the pure arithmetic of the coordination modes in
-// which app servers decide in memory and keep the fleet's count in Redis
-// in the background: lease (each server spends a slice of the budget
-// reserved in Redis) and write-back (each server counts locally and pushes
-// its deltas). Everything here takes its instant explicitly; the Lua twin
-// in internal/redisstore (fleet.lua) applies the same arithmetic on the
-// Redis side and is cross-checked against it on one table of instants.
+// which app servers decide in memory and keep the fleet's count in Redis in
+// the background: lease (each server spends a slice of the budget reserved
+// in Redis) and write-back (each server counts locally and pushes its
+// deltas). Everything here takes its instant explicitly; the Lua twin in
+// internal/redisstore (fleet.lua) applies the same arithmetic on the Redis
+// side and is cross-checked against it on one table of instants
+// (ApplyCases, GrantCases). Package fleetstore runs these modes;
+// docs/fleet.md describes them for users.
 //
 // # The local view
 //
@@ -22,11 +24,27 @@
 // count larger than exact, never smaller. Apply merges a delta into a
 // counter; the script does the same in Redis.
 //
+// # Slices and blind decisions
+//
+// Grant is the lease script's arithmetic: it gives back what an earlier
+// slice left and reserves the next, at most LeaseSize of the remaining
+// budget. SliceLife says how long a slice lives: one sync interval when it
+// was granted near the limit, LongLife intervals far from it. Blind
+// accounts for what a write-back server admits for a counter whose view
+// it has not synced for two intervals (a cold key), without reading the
+// fleet's count first, within its share of OverBound (BlindBudget).
+//
+// A Call is one operation of the syncer on one counter of the shared
+// store (a push, or a lease), named by its ID as exact mode names the
+// counter, and a Reply the store's answer; they are what crosses the
+// syncer's seam (fleetstore.Backend).
+//
 // # Bounds
 //
 // Lease mode never admits more than exact mode would for the same
-// admissions (see LeaseBound); write-back admits at most OverBound more
-// per window. Both are stated in docs/fleet.md.
+// admissions (see Grant); it denies falsely at most FalseDenialBound per
+// window. Write-back admits at most OverBound more per window, blind
+// decisions included. Both are stated in docs/fleet.md.
 package fleet
 
 import "github.com/sluicehq/sluice/internal/window"

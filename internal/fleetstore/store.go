@@ -3,7 +3,8 @@
 // the charges of rules in lease or write-back mode in memory, from a local
 // table of counters that a background syncer keeps in step with the
 // fleet's counters in the shared store. Charges of rules in exact mode go
-// to the exact store unchanged.
+// to the exact store unchanged. The arithmetic is package fleet's; the
+// modes, their bounds and their settings are described in docs/fleet.md.
 //
 // # Modes
 //
@@ -39,6 +40,16 @@
 // visited every 16 ticks only (a later list). Over the limit, per window:
 // at most servers × max_unsynced, plus what the fleet admits in one sync
 // interval (fleet.OverBound).
+//
+// # Settles and refunds
+//
+// The cost of a request known only once it has run (docs/usage.md) is
+// settled through the local count too (Settle): in write-back mode it is
+// added to the view and pushed as any count, with no call of its own; in
+// lease mode it comes out of the slice held, and what the slice does not
+// cover goes to the exact store's own settle. Refund (a rule that counts
+// by outcome, a usage that came in under its estimate) gives back in
+// process the same way.
 //
 // # The syncer seam
 //

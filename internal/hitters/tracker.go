@@ -1,14 +1,21 @@
 // Package hitters tracks who is being limited: for each rule, the clients
 // charged and denied the most units over the last minute and the last
 // hour (Space-Saving summaries of package topk), and the rule's allowed
-// and denied requests over the last 15 minutes; with a Backend, it
-// publishes them for the fleet and merges the fleet's.
+// and denied requests over the last 15 minutes; with a Backend (the Redis
+// store, whose top.lua keeps each server's summaries for a while), it
+// publishes them for the fleet and merges the fleet's (Fleet), within the
+// error bound that topk states for the merged summaries.
 //
 // Requests put their events in a lock-free Ring (Note): a few
 // nanoseconds, no lock, no allocation. One goroutine drains the ring into
 // the summaries, every second and whenever a shard of the ring fills a
 // quarter; readers drain it first, so that they see every event noted
 // before they asked.
+//
+// Package middleware keeps the public face (WithTopClients,
+// Limiter.TopClients, the admin handler's top and rates endpoints);
+// docs/operations.md describes what an operator sees and the bound on a
+// client's count.
 package hitters
 
 import (

@@ -1,4 +1,6 @@
-// Package limitertest holds helpers shared by the tests of the front ends.
+// Package limitertest holds helpers shared by the tests of the front ends
+// (the Gin, Echo and Fiber adapters): a limiter closed when the test
+// ends (New) and a GET served on a handler and recorded (Get).
 package limitertest
 
 import (

@@ -2,7 +2,14 @@
 // Limit.Series) of any algorithm (sliding window, fixed window, token
 // bucket, leaky bucket, sliding log), kept in sharded hash tables with a
 // bounded number of counters. It decides with window.Take, so it answers
-// exactly as every other store does.
+// exactly as every other store does (docs/algorithms.md).
+//
+// Beyond Take, it does to its counters what the Redis store does to its
+// own, with the arithmetic of package window: Settle charges a usage known
+// once the request has run, whatever fits (docs/usage.md); TakeAt and
+// Refund take an admitted charge back (docs/logins.md); GiveBack frees a
+// queued request's place; Reset drops a client's counters (the admin
+// handler's reset, docs/operations.md).
 //
 // A Key's counters, whatever their Name and limit, live in one shard,
 // chosen by a seeded hash of the Key, so that a request's charges on one Key

@@ -1,7 +1,7 @@
 // Package pathmatch matches request paths against the path patterns of
 // rules ("/api/*", "/users/{id}/posts"), for package middleware, which
 // matches them, and package config, which checks them where a rules file
-// gives them.
+// gives them. docs/rules.md gives the patterns' syntax.
 package pathmatch
 
 import (

@@ -19,7 +19,8 @@
 // with a syntax error), caps every count at MaxCount and every duration at
 // MaxWait, and takes linear time in the size of the fields. Callers apply
 // their own, shorter, caps on top (the outbound transport caps a pause at
-// its MaxPause).
+// its MaxPause). docs/outbound.md says what the transport does with each
+// field.
 package ratefields
 
 import (

@@ -1,7 +1,9 @@
 // Package redispipe runs Lua scripts on Redis for many goroutines at once,
 // sharing round trips, and keeps requests away from servers that stopped
 // answering. It never knows what a script decides: it sends scripts and
-// returns their replies.
+// returns their replies. docs/redis.md says what users see of it: round
+// trips shared between requests, and servers that stall or die answered
+// by the failure policy within the store's timeout.
 //
 // # Batching
 //
@@ -22,6 +24,11 @@
 // as one EVALSHA, which the script decides in one run, with one reading of
 // the server's clock; each call still gets its own reply or error. One run
 // for many decisions costs the server much less than one run each.
+//
+// Run and RunBy send one call; RunQuiet one of background work, left out
+// of the batch sizes reported to Config.OnBatch; RunAll many at once (a
+// fleet syncer's tick), queued together so that they leave in as few
+// batches, and share as few script runs, as the batch size allows.
 //
 // A call for a destination that is idle (up, nothing queued, no batch in
 // flight) is sent by its caller itself, saving the hand-off to a lane and

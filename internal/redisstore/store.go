@@ -1,7 +1,34 @@
 // Package redisstore keeps the counters of every algorithm of package
 // window in Redis: sliding windows, fixed windows (aligned to the Unix
 // epoch or calendar periods), token buckets, leaky buckets and sliding
-// logs.
+// logs, and what the fleet shares beside them. With a go-redis client,
+// cluster client or ring, its scripts go through internal/redispipe, which
+// shares round trips between requests and follows each server's health
+// (docs/redis.md).
+//
+// Beside Take (decide.lua, below), the store serves the rest of sluice;
+// the scripts that count are twins of the arithmetic of package window or
+// fleet, checked against it by the conformance suite (internal/storetest)
+// or on shared tables:
+//
+//   - Settle runs decide.lua in its settle mode: a usage known once the
+//     request has run is charged whatever fits, which may leave a debt
+//     (window.SettleAll; docs/usage.md).
+//   - TakeAt and Refund (takeback.lua, window.Refund) take admitted
+//     charges back: a rule that counts by outcome (docs/logins.md), a
+//     usage below its estimate. GiveBack frees a queued request's place.
+//   - Fleet and FleetAll (fleet.lua, fleet.Grant and fleet.Apply) are the
+//     Redis side of lease and write-back modes, a syncer's tick sent in
+//     batches that share script runs (docs/fleet.md).
+//   - Acquire, Release and Renew (slots.lua) hold concurrency slots with
+//     leases (docs/algorithms.md).
+//   - PublishSpare (spare.lua) keeps each app server's spare capacity and
+//     returns the fleet's, for elastic limits (docs/overload.md).
+//   - PublishTop and CollectTop (top.lua) keep each server's top-client
+//     summaries for the fleet (docs/operations.md).
+//   - SetBan, LiftBan and SetOverride keep bans and per-client overrides
+//     for the whole fleet (docs/logins.md), and SetPause the outbound
+//     transport's pauses (docs/outbound.md).
 //
 // # Decisions
 //

@@ -33,6 +33,15 @@
 //	_ = m.WaitReplicated(ctx)
 //	m.Kill()
 //	promoted, took, err := c.WaitFailover(ctx, m)
+//
+// # Measuring
+//
+// Tests that state what a store costs Redis read it from the server:
+// ReadUsage (INFO commandstats and cpu: commands, script runs and the
+// server's CPU time, Usage.Sub between two readings), ScriptCalls,
+// InfoMemory (used_memory and the other fields of INFO memory) and, for
+// the test process itself, ProcessCPU. KeySlot gives a key's Redis
+// Cluster hash slot.
 package redistest
 
 import (

@@ -2,7 +2,13 @@
 // shared across regions (scope: global): each region decides on its own
 // Redis, from its own count plus the last known counts of the other
 // regions, and a syncer copies its count to every peer region's Redis in
-// the background. No request waits for another region.
+// the background. No request waits for another region. A Store decides
+// (Decide), settles a usage whatever the count holds (Settle: a debt the
+// next decisions see, docs/usage.md), takes back a charge (Refund) and
+// resets a client (Reset) in its region's Redis; its syncer (Run, Sync)
+// pushes to the peers and Peers reports how each link fares. Package
+// middleware's RegionStore is its public face; docs/regions.md states the
+// bound and the behaviour under partitions for users.
 //
 // # The count of a window
 //

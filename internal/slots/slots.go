@@ -7,7 +7,9 @@
 // memory is bounded by the number of requests in flight, whatever keys
 // clients invent. In a single process no holder can die without its
 // release running (the middleware releases in a deferred call), so slots
-// here have no lease; Renew does nothing.
+// here have no lease; Renew does nothing. The Redis store keeps a fleet's
+// slots, with leases (slots.lua); docs/algorithms.md describes concurrency
+// limits for users.
 package slots
 
 import (

@@ -6,6 +6,9 @@
 // Decision with values worked out by hand from the formulas of package
 // window, written into the tables. TestAgainstReference, also run by Run,
 // then replays a long pseudo-random sequence against window.Take itself.
+// RunSettle and RunRefund do the same for the stores that settle a usage
+// after the fact (window.SettleAll) and take admitted charges back
+// (window.Refund), with the requests decided after them.
 //
 // Every test uses Keys of its own, so stores that share a server may run
 // the suite side by side; windows are long (a minute or more) so that a

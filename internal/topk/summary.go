@@ -32,6 +32,10 @@
 // Window at most (buckets+1)·k; each key costs its length plus about 100
 // bytes (a counter of 40 bytes, a map entry and its share of the map).
 // Nothing in this package is safe for concurrent use.
+//
+// AppendView and ReadView encode a View for the servers of a fleet to
+// share. Package hitters keeps the summaries of a Limiter's rules; the
+// top clients they serve, and their bound, are in docs/operations.md.
 package topk
 
 import (

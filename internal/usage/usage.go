@@ -33,6 +33,11 @@
 // limit and added at most Max to it. With the estimate charged up front,
 // the excess is in fact at most in-flight × (Max − estimate) plus one
 // estimate.
+//
+// Package middleware keeps the public face (Rule.Usage, Settle,
+// Result.Settle, the usage header, read with ParseUnits) and the stores
+// their charging (window.Settle and its Lua twin); docs/usage.md describes
+// usage limits for users, with the debts of each algorithm and the bound.
 package usage
 
 import (

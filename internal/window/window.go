@@ -7,6 +7,16 @@
 // Redis store's Lua scripts are its twins, checked against it on shared
 // tables of instants. Package middleware declares the public Limit,
 // Charge, Decision and Slot with the same layout and converts at the seam.
+// docs/algorithms.md describes the algorithms for users.
+//
+// Besides deciding (Take, Fits, Describe), it holds what a store does to
+// a counter after a decision: Settle and SettleAll charge a cost known
+// only once the request has run, whether it fits or not, which may leave
+// a debt (docs/usage.md); Refund takes an admitted charge back (a rule
+// that counts by outcome, docs/logins.md, or a usage below its estimate);
+// GiveBack frees the place of a queued request that left before its turn;
+// ExpiryOf says when a counter stops mattering. A Slot is one request's
+// hold on a concurrency limit (docs/algorithms.md).
 //
 // The rest of this comment describes the sliding-window counter, the
 // default; each other algorithm is described at the top of its file.

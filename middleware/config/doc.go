@@ -20,7 +20,13 @@
 // matches a request applies. The file format (every field, the key names
 // such as ip, user_or_ip and api_key|ip, the algorithms, plans, errors and
 // reloading) is documented once, in [docs/rules.md]; rules sources and
-// Envoy descriptor files are in [docs/rules-sources.md].
+// Envoy descriptor files are in [docs/rules-sources.md]. A rule's fields
+// reach every capability of middleware.Rule, each with its own page:
+// algorithms and concurrency (docs/algorithms.md), counting by outcome
+// and bans (docs/logins.md), usage limits settled after the response
+// (docs/usage.md), fleet modes (docs/fleet.md), scopes across regions
+// (docs/regions.md), elastic limits and adaptive concurrency
+// (docs/overload.md), and top clients (docs/operations.md).
 //
 // Open loads a file, builds a Limiter and returns a Reloader; Load and
 // Parse only read a file or a document into a Document, and NewReloader

@@ -10,7 +10,9 @@
 // with -slots slots of -service each (8 × 20ms: 400 requests/s), behind no
 // limiter, a static concurrency limit, an adaptive one, or elastic limits;
 // "load" sends requests at a fixed rate whatever the answers (open loop),
-// each with its own deadline, and reports what came back as JSON.
+// each with its own deadline, and reports what came back as JSON. The
+// figures of one run are in BENCHMARKS.md ("Overload"); docs/overload.md
+// describes what is measured.
 package main
 
 import (

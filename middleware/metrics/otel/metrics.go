@@ -85,10 +85,16 @@
 // recorded. A request with usage limits (middleware.Usage) that settles
 // what it used gets the event "sluice.settle" too, with sluice.rule,
 // sluice.policy, sluice.settled_cost (what it used in all), sluice.charged
-// (the difference charged, negative when given back) and sluice.debt.
+// (the difference charged, negative when given back) and sluice.debt,
+// and sluice.error when the store failed to count it.
 // Without a recording span (no TracerProvider, or a span not sampled)
 // the events cost one look-up in the context and allocate nothing.
 // WithSpanEvents(false) turns them off.
+//
+// docs/operations.md describes the metrics and the span events beside
+// the other ways of watching a Limiter; docs/usage.md, docs/fleet.md,
+// docs/regions.md, docs/overload.md and docs/outbound.md say what their
+// capability's instruments mean.
 package sluiceotel
 
 import (

@@ -63,6 +63,9 @@
 //
 // The deploy folder beside this package holds Prometheus alerting rules
 // (alerts.yml) and a Grafana dashboard (dashboard.json) over these metrics.
+// docs/operations.md describes them beside the other ways of watching a
+// Limiter; docs/usage.md, docs/fleet.md, docs/regions.md, docs/overload.md
+// and docs/outbound.md say what their capability's metrics mean.
 package sluiceprom
 
 import (
