@@ -316,8 +316,9 @@ func burnCPU() (stop func()) {
 // timing goal is only logged:
 //
 //   - no request is held longer than the store's Timeout (100 ms) plus
-//     25 ms, whatever the phase (from half the warm-up on: the first
-//     requests open the connections);
+//     25 ms beyond the lag (twice the lag in the process short of CPU,
+//     see checkGray), whatever the phase (from half the warm-up on: the
+//     first requests open the connections);
 //   - when the round trip fits the bound (D = 20 ms), at least 99 % of the
 //     slow server's requests are decided by Redis, none held longer than
 //     the round trip plus 25 ms, and the server is never taken as slow or
@@ -463,7 +464,15 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 
 	// The bound, for every request from half the warm-up on: the first
 	// ones open the connections and load the script, which a machine as
-	// busy as this one's test suite may take longer for.
+	// busy as this one's test suite may take longer for. In the process
+	// short of CPU, a decision at its deadline is woken late twice: once
+	// for the deadline, and once at the end of its wait for a PING's
+	// verdict, a wait itself sized by the lag (RedisConfig.Timeout); the
+	// lag counts twice there.
+	lags := 1
+	if c.burn {
+		lags = 2
+	}
 	var over []outcome
 	n := 0
 	for _, o := range r.outcomes {
@@ -471,14 +480,14 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 			continue
 		}
 		n++
-		if o.took > bound+o.lag {
+		if o.took > bound+time.Duration(lags)*o.lag {
 			over = append(over, o)
 		}
 	}
 	if len(over) > 0 {
 		o := over[0]
-		timing("%d of %d requests held longer than %v beyond this process's scheduling lag, e.g. %v (lag %v) at %v into the run (decided %v, %v)",
-			len(over), n, bound, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond), o.decided, o.err)
+		timing("%d of %d requests held longer than %v beyond this process's scheduling lag (counted %d times), e.g. %v (lag %v) at %v into the run (decided %v, %v)",
+			len(over), n, bound, lags, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond), o.decided, o.err)
 	}
 
 	if c.delay >= 0 && 2*c.delay+25*time.Millisecond < r.timeout {
