@@ -51,6 +51,17 @@
 // by outcome, a usage that came in under its estimate) gives back in
 // process the same way.
 //
+// # A slow shared store
+//
+// A request waits for the calls for its counter (a slice on its way, a
+// push at max_unsynced) at most Config.Wait in all (package middleware
+// sets it to the Redis store's Timeout), and is then decided without them
+// (write-back) or fails with ErrWait (lease), which the Limiter's failure
+// policy answers. The syncer's ticks and the slices
+// asked for ahead are background calls (fleet.Background), bounded by
+// their own deadline rather than a decision's, so that a shared store too
+// slow for decisions still syncs (docs/redis.md, docs/fleet.md).
+//
 // # The syncer seam
 //
 // The syncer knows counters, windows and deltas, not HTTP: each tick it
@@ -71,8 +82,7 @@
 // at most 128). A lease counter takes an entry only once it is busy: the
 // last uses of the others are kept in a fixed array of 65,536 slots
 // (512 KiB, made with the first lease charge). There is one goroutine per
-// store (the syncer,
-// which makes a tick's calls from up to 16 goroutines while the tick
+// store (the syncer, which makes a tick's calls from up to 16 goroutines while the tick
 // runs, or, with a BatchBackend such as the Redis store, sends them in
 // chunks of 256 calls that share script runs, from up to 4), and a busy
 // counter's next slice is asked for on a goroutine that lives until the
