@@ -539,6 +539,7 @@ func (l *lane) exec(batch []*call) bool {
 		defer cancel()
 	}
 	if send := d.p.send; send != nil {
+		stampSent(sent)
 		return send(d, ctx, sent)
 	}
 	client := d.client.Load()
@@ -549,6 +550,7 @@ func (l *lane) exec(batch []*call) bool {
 		clear(l.args)
 		l.args = l.args[:0]
 	}()
+	stampSent(sent)
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
 		d.markDown(err)
@@ -562,6 +564,17 @@ func (l *lane) exec(batch []*call) bool {
 	}
 	d.finish(ctx, client, sent)
 	return err == nil || isRedisError(err)
+}
+
+// stampSent records now as when calls were sent, just before they are
+// written: a PING written after it tells of their replies (see overrun),
+// and one written while a late lane was still building the batch would
+// not, its answer coming before the batch was on its way.
+func stampSent(calls []*call) {
+	now := time.Now().UnixNano()
+	for _, c := range calls {
+		c.sent.Store(now)
+	}
 }
 
 // finish completes the calls of a batch that was answered, sending again

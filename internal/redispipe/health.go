@@ -199,11 +199,11 @@ const starvedLag = 25 * time.Millisecond
 // lag (the runtime's recent scheduling latency, or the lateness of the
 // call's own timer) plus overrunSlack; if that lag is more than
 // starvedLag, this process is short of CPU, its verifications are late
-// too, and the call waits for the one under way however long it takes,
-// an answer to a PING written up to lateRecent before the call was sent
-// counting. A server that answers later than the deadline, slow or not,
-// thus leaves the call to end at it, give or take this process's lag. It
-// is false when stall detection is off, and from maxOverrun past the
+// too, and within the same bound an answer to a PING written up to
+// lateRecent before the call was sent counts as well. A server that
+// answers later than the deadline, slow or not, thus leaves the call to
+// end at it, give or take this process's lag and overrunSlack. It is
+// false when stall detection is off, and from maxOverrun past the
 // deadline.
 func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 	over := now.Sub(c.deadline)
@@ -227,23 +227,17 @@ func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 		}
 		since = c.queued
 	}
-	if !starved {
-		if d.awaitAnswer(since, c.deadline.Add(lag+overrunSlack)) {
-			return overrunStep, true
-		}
-		return 0, false
+	until := c.deadline.Add(lag + overrunSlack)
+	if d.awaitAnswer(since, until) {
+		return overrunStep, true
 	}
 	// Short of CPU, the verifications are late too: an answer to a PING
-	// written shortly before the call was sent counts, and the call waits
-	// for the verification under way, however late it ends (a stall's
-	// gives its server stallWaitLocked at most).
-	since = since.Add(-lateRecent)
-	if d.answeredAt.Load() >= since.UnixNano() {
-		return overrunStep, true
-	}
-	d.verify(since, verifyWait)
-	if d.answeredAt.Load() >= since.UnixNano() {
-		return overrunStep, true
+	// written shortly before the call was sent counts as well, but only
+	// within the same bound (such a PING may have been answered just
+	// before the server slowed down, which says nothing of this call's
+	// reply).
+	if starved && now.Before(until) && d.answeredAt.Load() >= since.Add(-lateRecent).UnixNano() {
+		return min(overrunStep, until.Sub(now)), true
 	}
 	return 0, false
 }
