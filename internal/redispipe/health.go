@@ -199,12 +199,12 @@ const starvedLag = 25 * time.Millisecond
 // lag (the runtime's recent scheduling latency, or the lateness of the
 // call's own timer) plus overrunSlack; if that lag is more than
 // starvedLag, this process is short of CPU, its verifications are late
-// too, and within the same bound an answer to a PING written up to
-// lateRecent before the call was sent counts as well. A server that
-// answers later than the deadline, slow or not, thus leaves the call to
-// end at it, give or take this process's lag and overrunSlack. It is
-// false when stall detection is off, and from maxOverrun past the
-// deadline.
+// too: the wait is twice the lag plus overrunSlack, and within it an
+// answer to a PING written up to lateRecent before the call was sent
+// counts as well. A server that answers later than the deadline, slow or
+// not, thus leaves the call to end at it, give or take twice this
+// process's lag and overrunSlack. It is false when stall detection is
+// off, and from maxOverrun past the deadline.
 func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 	over := now.Sub(c.deadline)
 	if over >= maxOverrun {
@@ -228,6 +228,11 @@ func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 		since = c.queued
 	}
 	until := c.deadline.Add(lag + overrunSlack)
+	if starved {
+		// The verification that would find the answer runs late too,
+		// by as much again.
+		until = until.Add(lag)
+	}
 	if d.awaitAnswer(since, until) {
 		return overrunStep, true
 	}

@@ -127,22 +127,36 @@ func (d *dest) verify(since time.Time, marks ...time.Duration) verdict {
 }
 
 // awaitAnswer reports whether the server answered a PING written at since
-// or later: as the latest verification found, or as one the caller makes
-// now finds, or, if another is under way, as that one finds if it ends
-// by until.
+// or later: as the latest verification found, or as the one under way
+// finds if it ends by until (one the caller starts, if none is). It
+// returns by until whatever the verification's own wait: a verification
+// the caller starts runs on, for whoever asks next.
 func (d *dest) awaitAnswer(since, until time.Time) bool {
 	w := &d.watch
-	for {
+	for started := false; ; {
 		if d.answeredAt.Load() >= since.UnixNano() {
 			return true
+		}
+		if started {
+			return false // the verification this call started found no answer
 		}
 		done := w.done.Load()
 		if w.mu.TryLock() {
 			if w.conn != nil || !w.dialing {
-				d.verifyHeld(w, since, []time.Duration{verifyWait})
-				return d.answeredAt.Load() >= since.UnixNano()
+				if done = w.done.Load(); done == nil {
+					ch := make(chan struct{})
+					done = &ch
+					w.done.Store(done)
+				}
+				started = true
+				d.p.wg.Add(1)
+				go func() {
+					defer d.p.wg.Done()
+					d.verifyHeld(w, since, []time.Duration{verifyWait})
+				}()
+			} else {
+				w.mu.Unlock()
 			}
-			w.mu.Unlock()
 		}
 		wait := time.Until(until)
 		if wait <= 0 || done == nil {
