@@ -175,10 +175,18 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 // warmEvery is how often warm runs.
 const warmEvery = 10 * time.Minute
 
+// warmHold is how long each of warm's commands holds its connection.
+const warmHold = 20 * time.Millisecond
+
 // warm has the client's pool hold a connection for each of the
 // destination's lanes, extra ones included (see spreadLocked), by sending
-// as many PINGs at once through a clone of the client, which shares its
+// as many commands at once through a clone of the client, which shares its
 // pool but none of its hooks; and sets itself to run again in warmEvery.
+// Each command is a WAIT for more replicas than there are, which holds its
+// connection for warmHold on the server without touching any data, so
+// that the commands overlap and each needs a connection of its own (PINGs
+// on a fast link are each answered before the next is sent, and one or
+// two connections serve them all).
 // When a slow server keeps the lanes busy, an extra lane then finds a
 // connection ready: a new one takes a round trip or two to set up (HELLO,
 // CLIENT SETINFO), which the calls waiting for the extra lane would wait
@@ -200,7 +208,7 @@ func (d *dest) warm() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = clone.Ping(ctx).Err()
+			_ = clone.Do(ctx, "WAIT", math.MaxInt32, warmHold.Milliseconds()).Err()
 		}()
 	}
 	wg.Wait()
