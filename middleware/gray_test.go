@@ -530,11 +530,25 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 		if waited*100 > after {
 			timing("%d of %d requests waited more than %v once the server was known slow, want at most 1 %%", waited, after, r.timeout/2)
 		}
+		recovery := f.recovery
+		if c.burn {
+			// Short of CPU, a verification may still find the server
+			// late now and then after it is back (the health changes
+			// logged above show it): what must come within 1 s is the
+			// first decision by Redis, not the last failure.
+			recovery = -1
+			for _, o := range r.outcomes {
+				if !o.at.Before(r.fastAt) && o.decided && (r.onSlow == nil || r.onSlow(o)) {
+					recovery = o.at.Sub(r.fastAt)
+					break
+				}
+			}
+		}
 		switch {
-		case f.recovery < 0 || f.recovery > 3*time.Second:
-			t.Errorf("decided by Redis again %v after the link was fast, want within 1 s", f.recovery)
-		case f.recovery > time.Second:
-			timing("decided by Redis again %v after the link was fast, want within 1 s", f.recovery)
+		case recovery < 0 || recovery > 3*time.Second:
+			t.Errorf("decided by Redis again %v after the link was fast, want within 1 s", recovery)
+		case recovery > time.Second:
+			timing("decided by Redis again %v after the link was fast, want within 1 s", recovery)
 		}
 	}
 	if c.cluster {
