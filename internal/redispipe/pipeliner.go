@@ -87,10 +87,10 @@
 // was sent (so that the call's reply was sent before). The call waits for
 // that answer within this process's scheduling lag (the runtime's recent
 // scheduling latency, or the lateness of the call's own timer) plus
-// 20 ms; with more than 25 ms of lag, for as long as the verification
-// under way takes, a PING written up to 100 ms before the call was sent
-// counting. A server that answers later gets no more than the deadline,
-// give or take this process's lag. For the same reason, no call is sent
+// 20 ms; with more than 25 ms of lag, twice the lag plus 20 ms, a PING
+// written up to 100 ms before the call was sent counting too. A call
+// counts as sent just before its batch is written. A server that answers
+// later gets no more than the deadline, give or take this process's lag. For the same reason, no call is sent
 // directly while this process has more goroutines waiting to run than
 // processors, or was seen late to read replies in the last two seconds.
 //
@@ -120,9 +120,10 @@
 // a server whose round trip is long, lanes tend to leave together, and a
 // call that just missed them would wait for a whole round trip before its
 // own. With Config.Bound, each destination keeps connections ready in the
-// client's pool for its lanes, extra ones included (a few PINGs through a
-// clone of the client, at creation and every ten minutes): a new
-// connection takes a round trip or two to set up.
+// client's pool for its lanes, extra ones included (as many overlapping
+// WAITs of 20 ms through a clone of the client, at creation and every ten
+// minutes, each holding a connection): a new connection takes a round
+// trip or two to set up.
 package redispipe
 
 import (
