@@ -113,7 +113,10 @@ func TestLateLane(t *testing.T) {
 	key := srv.Prefix(t) + "late"
 	c := srv.Client(t, nil)
 	var log stateLog
-	p := newPipeliner(t, c, Config{OnStateChange: log.record})
+	// A lane for each call: a call still queued at its deadline, every
+	// lane asleep, has no reply on its way and rightly fails, which is
+	// not what this test is about.
+	p := newPipeliner(t, c, Config{OnStateChange: log.record, MaxInFlight: 8})
 	// The destination dials its watch connection in the background; a
 	// call past its deadline waits for a verification only once it is
 	// there (not for a dial, which a busy machine may make slow).
@@ -128,15 +131,19 @@ func TestLateLane(t *testing.T) {
 		d.finish(ctx, client, sent)
 		return err == nil || isRedisError(err)
 	}
+	// The calls go out together.
 	errs := make(chan error, 8)
+	start := make(chan struct{})
 	for range cap(errs) {
 		go func() {
+			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			_, err := p.RunBy(ctx, time.Now().Add(50*time.Millisecond), batchDecide, []string{key}, decideArgs...)
 			errs <- err
 		}()
 	}
+	close(start)
 	for range cap(errs) {
 		if err := <-errs; err != nil {
 			t.Errorf("a call answered late: %v", err)
