@@ -42,8 +42,8 @@ type RedisConfig struct {
 	// once its server has answered a PING written after the decision was
 	// sent (so that its reply was sent before); it waits for that answer
 	// within this process's scheduling lag (the runtime's recent figure,
-	// or how late the deadline's timer fired) plus 20ms; with more than
-	// 25ms of lag, twice the lag plus 20ms, an answer to a PING written up
+	// or how late the deadline's timer fired) plus 15ms; with more than
+	// 25ms of lag, twice the lag plus 15ms, an answer to a PING written up
 	// to 100ms before the decision was sent counting too. A server that
 	// answers later gets no more than Timeout. In
 	// the tests and measurements (TestSlowRedis; BENCHMARKS.md, "A slow

@@ -179,7 +179,7 @@ const overrunStep = MinStallThreshold
 
 // overrunSlack is how long a call past its deadline, and past this
 // process's lag, waits for the verdict of a verification.
-const overrunSlack = 20 * time.Millisecond
+const overrunSlack = 15 * time.Millisecond
 
 // starvedLag is the scheduling lag past which this process counts as
 // short of CPU at a call's deadline (see overrun): the slack of the bound

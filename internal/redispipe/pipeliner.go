@@ -87,7 +87,7 @@
 // was sent (so that the call's reply was sent before). The call waits for
 // that answer within this process's scheduling lag (the runtime's recent
 // scheduling latency, or the lateness of the call's own timer) plus
-// 20 ms; with more than 25 ms of lag, twice the lag plus 20 ms, a PING
+// 15 ms; with more than 25 ms of lag, twice the lag plus 15 ms, a PING
 // written up to 100 ms before the call was sent counting too. A call
 // counts as sent just before its batch is written. A server that answers
 // later gets no more than the deadline, give or take this process's lag. For the same reason, no call is sent
