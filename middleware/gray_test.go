@@ -313,7 +313,8 @@ func burnCPU() (stop func()) {
 // (package schedlag) as the outage tests do; when this process went
 // unscheduled for more than grayBusyLag, the machine is too busy for
 // timing to prove anything (its redis-servers starve too), and a missed
-// timing goal is only logged:
+// timing goal is only logged, as are the strays of a goal of "no request"
+// (one in a thousand, at least one: see strays):
 //
 //   - no request is held longer than the store's Timeout (100 ms) plus
 //     25 ms beyond the lag (three times the lag in the process short of CPU,
@@ -434,6 +435,14 @@ func timingGate(t *testing.T, lag time.Duration) func(format string, args ...any
 	}
 }
 
+// strays is how many of n requests a timing goal of TestSlowRedis lets
+// through past its bound, logged: one in a thousand, at least one. The
+// redis-server and the other test binaries of the suite share this
+// machine's two cores, and a redis-server that is not scheduled for a
+// few milliseconds holds a request in a way this process's scheduling lag
+// does not show. More than that fails, as does any systematic overrun.
+func strays(n int) int { return max(1, n/1000) }
+
 // checkGray asserts the goals of TestSlowRedis on what c saw.
 func checkGray(t *testing.T, c grayCase, r grayRun) {
 	t.Helper()
@@ -486,7 +495,11 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 	}
 	if len(over) > 0 {
 		o := over[0]
-		timing("%d of %d requests held longer than %v beyond this process's scheduling lag (counted %d times), e.g. %v (lag %v) at %v into the run (decided %v, %v)",
+		report := timing
+		if len(over) <= strays(n) {
+			report = t.Logf
+		}
+		report("%d of %d requests held longer than %v beyond this process's scheduling lag (counted %d times), e.g. %v (lag %v) at %v into the run (decided %v, %v)",
 			len(over), n, bound, lags, o.took, o.lag, o.at.Sub(r.outcomes[0].at).Round(time.Millisecond), o.decided, o.err)
 	}
 
@@ -494,17 +507,22 @@ func checkGray(t *testing.T, c grayCase, r grayRun) {
 		// The round trip fits the bound: decided, without waiting more
 		// than a round trip beyond it.
 		rt := 2*c.delay + 25*time.Millisecond
-		held := 0
+		held, n := 0, 0
 		for _, o := range r.outcomes {
-			if in(o, r.slowAt, r.fastAt) && r.onSlow(o) && o.took > rt+o.lag {
-				held++
+			if in(o, r.slowAt, r.fastAt) && r.onSlow(o) {
+				n++
+				if o.took > rt+o.lag {
+					held++
+				}
 			}
 		}
 		if decided := f.started - f.undecided; decided*100 < 99*f.started {
 			timing("%d of %d requests decided by Redis with a round trip of %v, want at least 99 %%", decided, f.started, 2*c.delay)
 		}
-		if held > 0 {
-			timing("%d requests held longer than the round trip plus 25 ms (%v) beyond lag, want none", held, rt)
+		if held > strays(n) {
+			timing("%d of %d requests held longer than the round trip plus 25 ms (%v) beyond lag, want none", held, n, rt)
+		} else if held > 0 {
+			t.Logf("%d of %d requests held longer than the round trip plus 25 ms (%v) beyond lag: strays (see strays)", held, n, rt)
 		}
 		if ev := r.during(r.slowAt, r.fastAt); len(ev) > 0 {
 			timing("health changes %v with a round trip of %v, want none", ev, 2*c.delay)
