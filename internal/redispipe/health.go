@@ -241,8 +241,8 @@ func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 	// within the same bound (such a PING may have been answered just
 	// before the server slowed down, which says nothing of this call's
 	// reply).
-	if starved && now.Before(until) && d.answeredAt.Load() >= since.Add(-lateRecent).UnixNano() {
-		return min(overrunStep, until.Sub(now)), true
+	if t := time.Now(); starved && t.Before(until) && d.answeredAt.Load() >= since.Add(-lateRecent).UnixNano() {
+		return min(overrunStep, until.Sub(t)), true
 	}
 	return 0, false
 }

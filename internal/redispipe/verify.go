@@ -143,11 +143,9 @@ func (d *dest) awaitAnswer(since, until time.Time) bool {
 		done := w.done.Load()
 		if w.mu.TryLock() {
 			if w.conn != nil || !w.dialing {
-				if done = w.done.Load(); done == nil {
-					ch := make(chan struct{})
-					done = &ch
-					w.done.Store(done)
-				}
+				// The channel the verification started here closes (the
+				// one loaded above may be an earlier one's).
+				done = w.done.Load()
 				started = true
 				d.p.wg.Add(1)
 				go func() {
