@@ -6,7 +6,7 @@
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test redis chromium bench fuzz example overload
+.PHONY: test redis chromium bench bench-hot fuzz example overload
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
@@ -37,6 +37,17 @@ chromium:
 
 bench: redis
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The hot-path budget (BENCHMARKS.md, "The hot path"): what each step of
+# a decision costs, and a decision with each capability configured, on a
+# hot key and on 100,000 keys, from every core; a few minutes. With
+# benchstat on the PATH (go install golang.org/x/perf/cmd/benchstat@latest)
+# it prints the medians.
+HOT_COUNT ?= 3
+HOT_TIME ?= 0.5s
+bench-hot:
+	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(HOT_COUNT) -benchtime $(HOT_TIME) ./middleware/ | tee hotpath.txt
+	@if command -v benchstat >/dev/null 2>&1; then benchstat -filter '.unit:(sec/op OR cpu-ns/op OR allocs/op)' hotpath.txt; fi
 
 example:
 	$(GO) run ./example
