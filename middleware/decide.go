@@ -547,9 +547,11 @@ type scratch struct {
 	// fleet is the coordination layer of lease and write-back rules, nil
 	// if no rule in force needs it (ruleSet.fleet).
 	fleet *fleetstore.Store
-	// arena carves the request's header values (Handler), sparing a trip
-	// to the arenas' pool; it stays with the scratch.
+	// arena carves the request's keys and header values (Handler), sparing
+	// trips to the arenas' pool; it stays with the scratch. view is
+	// Handler's view of the request, which carries it.
 	arena arena.Arena
+	view  httpView
 	// topShard is the shard of the top-client tracker's ring this scratch
 	// puts its events in (from 1; 0 until it first does), and rng its
 	// draws for the tracker's sampling gates.
@@ -592,6 +594,7 @@ func (s *scratch) release() {
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
 	s.at, s.atp, s.store, s.counting, s.banning, s.fleet = time.Time{}, nil, nil, nil, false, nil
+	s.view = httpView{}
 	s.usage = false
 	clear(s.usageAlt)
 	s.overloadScratch.reset()

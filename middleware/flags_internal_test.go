@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/keyfunc"
@@ -60,5 +62,46 @@ func TestRuleSetFlags(t *testing.T) {
 	}
 	if res, err := lim.Decide(r); err != nil || res.Limit.Requests == 1 {
 		t.Fatalf("after the override: %+v %v", res, err)
+	}
+}
+
+// TestHTTPView: the view Handler gives key functions reads the request as
+// keyfunc.FromHTTP does, and carries the scratch's arena.
+func TestHTTPView(t *testing.T) {
+	t.Parallel()
+	req := httptest.NewRequest(http.MethodPost, "/a/b?x=1", nil)
+	req.RemoteAddr = "192.0.2.7:4000"
+	req.Pattern = "POST /a/{id}"
+	req.Header.Add("X-Tenant", "t1")
+	req.Header.Add("X-Tenant", "t2")
+	var s scratch
+	s.view = httpView{req, &s.arena}
+	v, want := keyfunc.Request(&s.view), keyfunc.FromHTTP(req)
+	if v.Context() != want.Context() || v.Method() != want.Method() || v.Path() != want.Path() ||
+		v.Route() != want.Route() || v.RemoteAddr() != want.RemoteAddr() || v.Header("x-tenant") != want.Header("x-tenant") ||
+		strings.Join(v.Values("X-Tenant"), ",") != strings.Join(want.Values("X-Tenant"), ",") {
+		t.Errorf("the view reads %v, keyfunc.FromHTTP %v", v, want)
+	}
+	if s.view.Arena() != &s.arena {
+		t.Error("the view does not carry the scratch's arena")
+	}
+	if q, ok := v.(keyfunc.QueryRequest); !ok || q.Query("x") != "1" {
+		t.Error("the view does not read the query")
+	}
+	// Every method keyfunc's view has (the optional interfaces' too),
+	// this one has.
+	mine := reflect.TypeOf(v)
+	theirs := reflect.TypeOf(want)
+	for i := range theirs.NumMethod() {
+		if _, ok := mine.MethodByName(theirs.Method(i).Name); !ok {
+			t.Errorf("keyfunc.FromHTTP's view has %s, Handler's has not", theirs.Method(i).Name)
+		}
+	}
+	for _, key := range []keyfunc.Func{keyfunc.RemoteIP(), keyfunc.RemoteIPWithPrefix(24, 64)} {
+		a, errA := key(v)
+		b, errB := key(want)
+		if a != b || errA != nil || errB != nil {
+			t.Errorf("keys %q (%v) and %q (%v)", a, errA, b, errB)
+		}
 	}
 }

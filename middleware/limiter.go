@@ -282,7 +282,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		var res Result
 		// One scratch for the decision and the headers' values.
 		s := scratchPool.Get().(*scratch)
-		if err := l.decideIn(s, keyfunc.FromHTTP(r), &res); err != nil {
+		s.view = httpView{r, &s.arena}
+		if err := l.decideIn(s, &s.view, &res); err != nil {
 			s.release()
 			l.cfg.onError(w, r, err)
 			return
