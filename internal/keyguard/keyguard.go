@@ -14,6 +14,13 @@
 // command and the key otherwise, before the command runs. A command that
 // is not in Commands fails the script too, so the table stays complete.
 //
+// A script whose first line is Dragonfly's flag UndeclaredFlag says that
+// it touches keys it does not declare (Dragonfly then runs it as a global
+// transaction): the guard lets it touch a key that is not in KEYS only if
+// the key has the hash tag of one that is, so that it still lies in a
+// declared key's Redis Cluster slot. docs/compatibility.md lists these
+// scripts.
+//
 // Otherwise Script is redis.NewScript and Wrap returns its source
 // unchanged: production runs the scripts as written, and pays one
 // environment lookup when the program starts.
@@ -34,6 +41,10 @@ const Env = "SLUICE_KEYGUARD"
 // Enabled reports whether the guard is on: SLUICE_KEYGUARD was "1" when
 // the process started.
 var Enabled = os.Getenv(Env) == "1"
+
+// UndeclaredFlag, as a script's first line, tells Dragonfly that the
+// script touches keys it does not declare in KEYS (see the package doc).
+const UndeclaredFlag = "--!df flags=allow-undeclared-keys"
 
 // Spec says where a command's keys are among its arguments.
 type Spec string
@@ -84,8 +95,11 @@ var Commands = map[string]Spec{
 //go:embed prelude.lua
 var preludeSrc string
 
-// prelude is preludeSrc on one line, with the table of Commands in it.
-var prelude = func() string {
+// prelude and preludeUndeclared are preludeSrc on one line, with the
+// table of Commands in it, for scripts without and with UndeclaredFlag.
+var prelude, preludeUndeclared = makePrelude("false"), makePrelude("true")
+
+func makePrelude(undeclared string) string {
 	names := make([]string, 0, len(Commands))
 	for n := range Commands {
 		names = append(names, n)
@@ -96,8 +110,9 @@ var prelude = func() string {
 		specs = append(specs, n+" = '"+string(Commands[n])+"'")
 	}
 	src := strings.Replace(preludeSrc, "SPECS", strings.Join(specs, ", "), 1)
+	src = strings.ReplaceAll(src, "UNDECLARED", undeclared)
 	return strings.Join(strings.Fields(src), " ") + " "
-}()
+}
 
 // Prelude returns the Lua code that Wrap puts before a script when the
 // guard is on: one line, ending in a space.
@@ -114,16 +129,28 @@ func Wrap(src string) string {
 }
 
 // Guard returns src with the guard's prelude on its first line, whether
-// the guard is on or not: for the tests of the guard itself.
+// the guard is on or not: for the tests of the guard itself. A first line
+// that must stay first (Redis's "#!lua flags=...", Dragonfly's "--!df
+// flags=...") does, and the prelude goes on the second.
 func Guard(src string) string {
-	if strings.HasPrefix(src, "#!") {
+	p := prelude
+	if Undeclared(src) {
+		p = preludeUndeclared
+	}
+	if strings.HasPrefix(src, "#!") || strings.HasPrefix(src, "--!") {
 		i := strings.IndexByte(src, '\n')
 		if i < 0 {
-			return src + "\n" + prelude
+			return src + "\n" + p
 		}
-		return src[:i+1] + prelude + src[i+1:]
+		return src[:i+1] + p + src[i+1:]
 	}
-	return prelude + src
+	return p + src
+}
+
+// Undeclared reports whether src starts with UndeclaredFlag.
+func Undeclared(src string) bool {
+	first, _, _ := strings.Cut(src, "\n")
+	return strings.TrimSpace(first) == UndeclaredFlag
 }
 
 // Script returns redis.NewScript(Wrap(src)): the way sluice makes every

@@ -1,11 +1,20 @@
-local __keyguard_declared = {}
-for _, k in ipairs(KEYS) do __keyguard_declared[k] = true end
+local __keyguard_declared, __keyguard_tags = {}, {}
+local function __keyguard_tag(k)
+  local s = string.find(k, '{', 1, true)
+  if s then
+    local e = string.find(k, '}', s + 1, true)
+    if e and e > s + 1 then return string.sub(k, s + 1, e - 1) end
+  end
+  return k
+end
+for _, k in ipairs(KEYS) do __keyguard_declared[k] = true __keyguard_tags[__keyguard_tag(k)] = true end
 local __keyguard_specs = {SPECS}
 local __keyguard_redis = redis
 local function __keyguard_key(cmd, k)
-  if not __keyguard_declared[k] then
-    error('sluice keyguard: ' .. cmd .. ' touches key ' .. string.format('%q', tostring(k)) .. ', which is not in KEYS', 0)
-  end
+  k = tostring(k)
+  if __keyguard_declared[k] then return end
+  if UNDECLARED and __keyguard_tags[__keyguard_tag(k)] then return end
+  error('sluice keyguard: ' .. cmd .. ' touches key ' .. string.format('%q', k) .. ', which is not in KEYS' .. (UNDECLARED and ' nor in the hash slot of a key in KEYS' or ''), 0)
 end
 local function __keyguard_check(name, ...)
   local cmd = type(name) == 'string' and string.upper(name) or tostring(name)
