@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel middleware/sluicetest/miniredis
 
 # The browser test writes its screenshots of the operator page here, for CI
 # to keep as artifacts, and logs their paths.
