@@ -16,6 +16,12 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
+// newerOnly lists commands that go-redis sends on connecting but that a
+// server older than the one named does not count (it rejects them, and
+// go-redis ignores the error): the doc lists them, and the suite may run
+// on a server that does not record them.
+var newerOnly = map[string]bool{"CLIENT SETINFO": true} // Redis 7.2
+
 // harness is what the recording itself sends; it is not sluice's.
 var harness = map[string]bool{"INFO": true, "CONFIG RESETSTAT": true}
 
@@ -199,7 +205,7 @@ func TestCommandsDocumented(t *testing.T) {
 			continue // what the client sends the sentinels is not recorded here
 		}
 		for c := range cmds {
-			if !seen[c] {
+			if !seen[c] && !newerOnly[c] {
 				t.Errorf("docs/compatibility.md lists %s for %q, which sluice was not seen to send", c, row)
 			}
 		}
