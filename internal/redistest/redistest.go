@@ -400,12 +400,12 @@ func requireBinary(t testing.TB) {
 	}
 }
 
-// ServerEnv names the environment variable that points the helpers at
+// ServerEnv names the environment variable that points this package at
 // another server binary than the redis-server in PATH: a Valkey or a newer
 // Redis built by hand, to run the suite against it (docs/development.md).
 const ServerEnv = "SLUICE_REDIS_SERVER"
 
-// serverBinary returns the server binary the helpers start: the one
+// serverBinary returns the server binary this package starts: the one
 // SLUICE_REDIS_SERVER names, or redis-server.
 func serverBinary() string {
 	if b := os.Getenv(ServerEnv); b != "" {

@@ -95,12 +95,7 @@ func TestServerClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Close() })
-	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	get := func() *http.Response {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
-		return rec.Result()
-	}
+	get := getter(lim)
 	sluicetest.AssertAllowed(t, get(), 1)
 	m.SetTime(start.Add(10 * time.Second))
 	sluicetest.AssertAllowed(t, get(), 0)
@@ -122,12 +117,7 @@ func TestLimiterClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Close() })
-	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	get := func() *http.Response {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
-		return rec.Result()
-	}
+	get := getter(lim)
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	sluicetest.Spend(t, lim, req, 2)
 	if n := sluicetest.Remaining(t, lim, req); n != 0 {
@@ -139,6 +129,17 @@ func TestLimiterClock(t *testing.T) {
 	sluicetest.Reset(t, lim, req)
 	if n := sluicetest.Remaining(t, lim, req); n != 2 {
 		t.Fatalf("Remaining after Reset: %d", n)
+	}
+}
+
+// getter returns a function that serves a GET of / from one client on an
+// empty handler limited by lim, and returns the response.
+func getter(lim *middleware.Limiter) func() *http.Response {
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	return func() *http.Response {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec.Result()
 	}
 }
 
