@@ -107,7 +107,9 @@ func makePrelude(undeclared string) string {
 	sort.Strings(names)
 	var specs []string
 	for _, n := range names {
-		specs = append(specs, n+" = '"+string(Commands[n])+"'")
+		// Upper and lower case, so that the common spellings are found
+		// without string.upper.
+		specs = append(specs, n+" = '"+string(Commands[n])+"'", strings.ToLower(n)+" = '"+string(Commands[n])+"'")
 	}
 	src := strings.Replace(preludeSrc, "SPECS", strings.Join(specs, ", "), 1)
 	src = strings.ReplaceAll(src, "UNDECLARED", undeclared)

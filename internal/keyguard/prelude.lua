@@ -1,4 +1,9 @@
-local __keyguard_declared, __keyguard_tags = {}, {}
+local __keyguard_declared = {}
+for _, k in ipairs(KEYS) do __keyguard_declared[k] = true end
+local __keyguard_specs = {SPECS}
+local __keyguard_redis = redis
+local __keyguard_rcall, __keyguard_rpcall = redis.call, redis.pcall
+local __keyguard_tags
 local function __keyguard_tag(k)
   local s = string.find(k, '{', 1, true)
   if s then
@@ -7,28 +12,34 @@ local function __keyguard_tag(k)
   end
   return k
 end
-for _, k in ipairs(KEYS) do __keyguard_declared[k] = true __keyguard_tags[__keyguard_tag(k)] = true end
-local __keyguard_specs = {SPECS}
-local __keyguard_redis = redis
 local function __keyguard_key(cmd, k)
   k = tostring(k)
   if __keyguard_declared[k] then return end
-  if UNDECLARED and __keyguard_tags[__keyguard_tag(k)] then return end
-  error('sluice keyguard: ' .. cmd .. ' touches key ' .. string.format('%q', k) .. ', which is not in KEYS' .. (UNDECLARED and ' nor in the hash slot of a key in KEYS' or ''), 0)
+  if UNDECLARED then
+    if not __keyguard_tags then
+      __keyguard_tags = {}
+      for _, d in ipairs(KEYS) do __keyguard_tags[__keyguard_tag(d)] = true end
+    end
+    if __keyguard_tags[__keyguard_tag(k)] then return end
+  end
+  error('sluice keyguard: ' .. string.upper(tostring(cmd)) .. ' touches key ' .. string.format('%q', k) .. ', which is not in KEYS' .. (UNDECLARED and ' nor in the hash slot of a key in KEYS' or ''), 0)
 end
-local function __keyguard_check(name, ...)
-  local cmd = type(name) == 'string' and string.upper(name) or tostring(name)
+local function __keyguard_check(cmd, k, ...)
   local spec = __keyguard_specs[cmd]
   if spec == nil then
-    error('sluice keyguard: command ' .. cmd .. ' has no entry in the table of internal/keyguard, which must say where its keys are', 0)
+    spec = __keyguard_specs[type(cmd) == 'string' and string.upper(cmd) or '']
+    if spec == nil then
+      error('sluice keyguard: command ' .. tostring(cmd) .. ' has no entry in the table of internal/keyguard, which must say where its keys are', 0)
+    end
   end
   if spec == 'first' then
-    __keyguard_key(cmd, (select(1, ...)))
+    if not __keyguard_declared[k] then __keyguard_key(cmd, k) end
   elseif spec == 'all' then
+    __keyguard_key(cmd, k)
     for i = 1, select('#', ...) do __keyguard_key(cmd, (select(i, ...))) end
   end
 end
 local redis = setmetatable({
-  call = function(...) __keyguard_check(...) return __keyguard_redis.call(...) end,
-  pcall = function(...) __keyguard_check(...) return __keyguard_redis.pcall(...) end
+  call = function(...) __keyguard_check(...) return __keyguard_rcall(...) end,
+  pcall = function(...) __keyguard_check(...) return __keyguard_rpcall(...) end
 }, {__index = __keyguard_redis})
