@@ -36,7 +36,8 @@ var structSrc string
 // not move.
 var prelude = strings.Join(strings.Fields(structSrc), " ") + " "
 
-// Enable gives every script m runs the struct library: a hook on m's
+// Enable gives every script m runs the struct library (m must have been
+// started): a hook on m's
 // server (miniredis's own pre-command hook) puts a pure-Lua struct.pack
 // and struct.unpack (the formats sluice uses) at the top of the source of
 // EVAL and SCRIPT LOAD, and points EVALSHA at the rewritten script. An
