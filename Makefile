@@ -10,17 +10,20 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel middleware/sluicetest/miniredis
 
 # The browser test writes its screenshots of the operator page here, for CI
 # to keep as artifacts, and logs their paths.
 export SLUICE_SCREENSHOTS ?= $(CURDIR)/artifacts/screenshots
 
+# The tests run with the key guard on (internal/keyguard): every script
+# sluice sends checks that it touches only the keys it declares. make bench
+# leaves it off, as production does.
 test: redis chromium
-	$(GO) test -race -shuffle=on -timeout 8m ./...
+	SLUICE_KEYGUARD=1 $(GO) test -race -shuffle=on -timeout 8m ./...
 	@set -e; for m in $(NESTED); do \
 		echo "$$m: $(GO) vet, $(GO) test -race"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -race -shuffle=on -timeout 5m ./...); \
+		(cd $$m && $(GO) vet ./... && SLUICE_KEYGUARD=1 $(GO) test -race -shuffle=on -timeout 5m ./...); \
 	done
 
 redis:

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Decides a request of a global limit on the region's own Redis; the
 -- arithmetic of regions.Start, regions.Total and regions.Fits.
 -- KEYS[1]: the counter's key without the window ("{counter}:"); a
@@ -8,6 +9,10 @@
 -- A window's field "#reset" is the regions' sum at the last reset
 -- (reset.lua): it is taken off the sum.
 -- Reply: allowed, total, own, start, now
+-- The window's hashes are named here, by the clock of the region's Redis,
+-- so they are not in KEYS: they share KEYS[1]'s hash tag (one Cluster
+-- slot), and the first line tells Dragonfly to allow them
+-- (internal/keyguard, docs/compatibility.md).
 local self = ARGV[1]
 local cost = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Resets a global counter in the region's own Redis: the current and the
 -- previous window's "#reset" field becomes the regions' sum in that
 -- window, which decide.lua takes off (regions.Reset). The G-counter's
@@ -6,6 +7,8 @@
 -- KEYS[1]: the counter's key without the window ("{counter}:")
 -- ARGV: now (ms; -1 for the server's clock, TIME), w (ms)
 -- Reply: start, now, the current window's mark, the previous one's
+-- Like decide.lua, it names the windows' hashes from KEYS[1] by the
+-- server's clock (same hash tag, not in KEYS: see the first line).
 local now = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 if now < 0 then

@@ -10,18 +10,20 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 var (
 	//go:embed decide.lua
 	decideSrc    string
-	decideScript = redis.NewScript(decideSrc)
+	decideScript = keyguard.Script(decideSrc)
 	//go:embed merge.lua
 	mergeSrc    string
-	mergeScript = redis.NewScript(mergeSrc)
+	mergeScript = keyguard.Script(mergeSrc)
 	//go:embed reset.lua
 	resetSrc    string
-	resetScript = redis.NewScript(resetSrc)
+	resetScript = keyguard.Script(resetSrc)
 )
 
 // ResetField is the field of a window's hash that holds the regions' sum
