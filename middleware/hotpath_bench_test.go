@@ -57,15 +57,17 @@ func mainRule(mod func(*middleware.Rule)) middleware.Rule {
 }
 
 var (
-	withBan      = func(r *middleware.Rule) { r.Limits[0].Ban = time.Minute }
-	withCeiling  = func(r *middleware.Rule) { r.Limits[0].Ceiling = 2 * r.Limits[0].Requests }
-	withSlots    = func(r *middleware.Rule) { r.Concurrency = 1 << 30 }
-	withUsage    = func(r *middleware.Rule) { r.Usage = &middleware.Usage{Unit: "tokens", Limits: []middleware.Limit{hotLimit}} }
+	withBan     = func(r *middleware.Rule) { r.Limits[0].Ban = time.Minute }
+	withCeiling = func(r *middleware.Rule) { r.Limits[0].Ceiling = 2 * r.Limits[0].Requests }
+	withSlots   = func(r *middleware.Rule) { r.Concurrency = 1 << 30 }
+	withUsage   = func(r *middleware.Rule) {
+		r.Usage = &middleware.Usage{Unit: "tokens", Limits: []middleware.Limit{hotLimit}}
+	}
 	// withEvery is every capability a rule can have that costs the
 	// requests of other rules nothing. An elastic limit (withCeiling) is
 	// not one: its capacity signal measures every request the Limiter
 	// admits (see elastic-other).
-	withEvery = func(r *middleware.Rule) { withBan(r); withUsage(r); withSlots(r) }
+	withEvery    = func(r *middleware.Rule) { withBan(r); withUsage(r); withSlots(r) }
 	noTopClients = middleware.WithTopClients(middleware.TopConfig{Off: true})
 )
 
