@@ -269,11 +269,20 @@ func (s *Store) run(ctx context.Context, script *redis.Script, now int64, c Char
 	}
 }
 
-// windowKeys returns the hashes of counter's windows that start at starts.
+// windowKeys returns the hashes of counter's windows that start at starts
+// (key), cut from one string.
 func windowKeys(counter string, starts []int64) []string {
+	b := base(counter)
+	buf := make([]byte, 0, len(starts)*(len(b)+14))
+	for _, st := range starts {
+		buf = strconv.AppendInt(append(buf, b...), st, 10)
+	}
+	all := string(buf)
 	out := make([]string, len(starts))
-	for i, st := range starts {
-		out[i] = key(counter, st)
+	var digits [20]byte
+	for i, from := 0, 0; i < len(starts); i++ {
+		to := from + len(b) + len(strconv.AppendInt(digits[:0], starts[i], 10))
+		out[i], from = all[from:to], to
 	}
 	return out
 }
