@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redisprobe"
 	"github.com/sluicehq/sluice/internal/regions"
 )
 
@@ -172,11 +171,8 @@ type RegionStore struct {
 
 // NewRegionStore returns a RegionStore and, unless cfg.Manual, starts its
 // syncer (ticking every 50 ms; each counter syncs at its rule's
-// SyncInterval). Close stops it. Like NewRedisStore, it probes the
-// region's Redis, and also that it lets the scripts of global limits
-// touch the keys of a window they name themselves (in the hash slot of a
-// key they declare): a server that refuses is refused here with an error
-// saying so (docs/compatibility.md).
+// SyncInterval). Close stops it. Through NewRedisStore, it probes the
+// region's Redis (docs/compatibility.md).
 func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 	if cfg.Region == "" || cfg.Redis == nil {
 		return nil, errors.New("sluice: RegionConfig: Region and Redis are required")
@@ -194,10 +190,6 @@ func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 	var err error
 	if s.local, err = NewRedisStore(cfg.Redis, cfg.RedisConfig); err != nil {
 		return nil, err
-	}
-	if err := redisprobe.CheckUndeclared(context.Background(), cfg.Redis, cfg.Prefix); err != nil {
-		_ = s.local.Close()
-		return nil, fmt.Errorf("sluice: NewRegionStore: %w", err)
 	}
 	s.home = s.local
 	if cfg.Home != "" && cfg.Home != cfg.Region {

@@ -14,12 +14,9 @@
 // command and the key otherwise, before the command runs. A command that
 // is not in Commands fails the script too, so the table stays complete.
 //
-// A script whose first line is Dragonfly's flag UndeclaredFlag says that
-// it touches keys it does not declare (Dragonfly then runs it as a global
-// transaction): the guard lets it touch a key that is not in KEYS only if
-// the key has the hash tag of one that is, so that it still lies in a
-// declared key's Redis Cluster slot. docs/compatibility.md lists these
-// scripts.
+// There is no exception: a key that is not in KEYS fails the script even
+// when it shares the hash tag (the Redis Cluster slot) of one that is, as
+// it fails on Dragonfly.
 //
 // Otherwise Script is redis.NewScript and Wrap returns its source
 // unchanged: production runs the scripts as written, and pays one
@@ -41,10 +38,6 @@ const Env = "SLUICE_KEYGUARD"
 // Enabled reports whether the guard is on: SLUICE_KEYGUARD was "1" when
 // the process started.
 var Enabled = os.Getenv(Env) == "1"
-
-// UndeclaredFlag, as a script's first line, tells Dragonfly that the
-// script touches keys it does not declare in KEYS (see the package doc).
-const UndeclaredFlag = "--!df flags=allow-undeclared-keys"
 
 // Spec says where a command's keys are among its arguments.
 type Spec string
@@ -95,11 +88,8 @@ var Commands = map[string]Spec{
 //go:embed prelude.lua
 var preludeSrc string
 
-// prelude and preludeUndeclared are preludeSrc on one line, with the
-// table of Commands in it, for scripts without and with UndeclaredFlag.
-var prelude, preludeUndeclared = makePrelude("false"), makePrelude("true")
-
-func makePrelude(undeclared string) string {
+// prelude is preludeSrc on one line, with the table of Commands in it.
+var prelude = func() string {
 	names := make([]string, 0, len(Commands))
 	for n := range Commands {
 		names = append(names, n)
@@ -112,9 +102,8 @@ func makePrelude(undeclared string) string {
 		specs = append(specs, n+" = '"+string(Commands[n])+"'", strings.ToLower(n)+" = '"+string(Commands[n])+"'")
 	}
 	src := strings.Replace(preludeSrc, "SPECS", strings.Join(specs, ", "), 1)
-	src = strings.ReplaceAll(src, "UNDECLARED", undeclared)
 	return strings.Join(strings.Fields(src), " ") + " "
-}
+}()
 
 // Prelude returns the Lua code that Wrap puts before a script when the
 // guard is on: one line, ending in a space.
@@ -131,28 +120,18 @@ func Wrap(src string) string {
 }
 
 // Guard returns src with the guard's prelude on its first line, whether
-// the guard is on or not: for the tests of the guard itself. A first line
-// that must stay first (Redis's "#!lua flags=...", Dragonfly's "--!df
-// flags=...") does, and the prelude goes on the second.
+// the guard is on or not: for the tests of the guard itself. A "#!" line
+// (Redis's "#!lua flags=...") must stay first: the prelude goes on the
+// second.
 func Guard(src string) string {
-	p := prelude
-	if Undeclared(src) {
-		p = preludeUndeclared
-	}
-	if strings.HasPrefix(src, "#!") || strings.HasPrefix(src, "--!") {
+	if strings.HasPrefix(src, "#!") {
 		i := strings.IndexByte(src, '\n')
 		if i < 0 {
-			return src + "\n" + p
+			return src + "\n" + prelude
 		}
-		return src[:i+1] + p + src[i+1:]
+		return src[:i+1] + prelude + src[i+1:]
 	}
-	return p + src
-}
-
-// Undeclared reports whether src starts with UndeclaredFlag.
-func Undeclared(src string) bool {
-	first, _, _ := strings.Cut(src, "\n")
-	return strings.TrimSpace(first) == UndeclaredFlag
+	return prelude + src
 }
 
 // Script returns redis.NewScript(Wrap(src)): the way sluice makes every

@@ -25,14 +25,10 @@ import (
 	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
-var (
-	//go:embed probe.lua
-	probeSrc    string
-	probeScript = keyguard.Script(probeSrc)
-	//go:embed undeclared.lua
-	undeclaredSrc    string
-	undeclaredScript = keyguard.Script(undeclaredSrc)
-)
+//go:embed probe.lua
+var probeSrc string
+
+var probeScript = keyguard.Script(probeSrc)
 
 // Timeout bounds the probe. A server that does not answer within it, or
 // cannot be reached, is not refused: the store's failure policy covers a
@@ -77,35 +73,10 @@ func Check(ctx context.Context, client redis.Scripter, prefix string) error {
 	return &Error{Missing: strings.Split(s, "\n")}
 }
 
-// CheckUndeclared runs, like Check, a probe of what the scripts of global
-// limits (scope: global, internal/regions) need beyond Check's: that the
-// server lets a script touch a key it did not declare in KEYS, in the
-// hash slot of one it did. Redis and Valkey do; Dragonfly does for the
-// scripts that say so on their first line, as these do; a server that
-// refuses (docs/compatibility.md) is refused with an *Error.
-func CheckUndeclared(ctx context.Context, client redis.Scripter, prefix string) error {
-	ctx, cancel := context.WithTimeout(ctx, Timeout)
-	defer cancel()
-	err := undeclaredScript.Run(ctx, client, []string{Key(prefix)}).Err()
-	if e := refusalOf(err); e != nil {
-		e.Missing[0] = "scripts that touch keys they do not declare in KEYS, in the hash slot of one they do, " +
-			"which limits of scope global need: " + e.Missing[0]
-		return e
-	}
-	return nil
-}
-
 // refusal turns the error of the probe's run into an *Error when it is the
 // server's answer that it cannot run the probe, and into nil when it says
 // nothing of what the server has.
 func refusal(err error) error {
-	if e := refusalOf(err); e != nil {
-		return e
-	}
-	return nil
-}
-
-func refusalOf(err error) *Error {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return nil // no answer: down, slow, closed

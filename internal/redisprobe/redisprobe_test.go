@@ -86,25 +86,3 @@ func TestProbeNoAnswer(t *testing.T) {
 		t.Fatalf("Check took %v, more than its Timeout %v and a second", d, redisprobe.Timeout)
 	}
 }
-
-// TestCheckUndeclared checks the probe of global limits' scripts: a real
-// server lets them touch a window's key in a declared key's slot; a
-// server that refuses the script is named (here an ACL takes away the
-// command it calls).
-func TestCheckUndeclared(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Standalone(t)
-	admin := srv.Client(t, nil)
-	p := srv.Prefix(t)
-	ctx := context.Background()
-	if err := redisprobe.CheckUndeclared(ctx, admin, p); err != nil {
-		t.Fatalf("CheckUndeclared on redis-server: %v", err)
-	}
-	if err := admin.Do(ctx, "ACL", "SETUSER", "nohgetall", "on", ">pw", "~*", "&*", "+@all", "-hgetall").Err(); err != nil {
-		t.Fatal(err)
-	}
-	err := redisprobe.CheckUndeclared(ctx, srv.Client(t, &redis.Options{Username: "nohgetall", Password: "pw"}), p)
-	if err == nil || !strings.Contains(err.Error(), "keys they do not declare in KEYS") {
-		t.Fatalf("CheckUndeclared refused by the server: %v", err)
-	}
-}
