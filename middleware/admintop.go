@@ -34,9 +34,9 @@ type adminTop struct {
 }
 
 type adminTopClient struct {
-	Key        string `json:"key"`
-	Count      uint64 `json:"count"`
-	Error      uint64 `json:"error"`
+	Key   string `json:"key"`
+	Count uint64 `json:"count"`
+	Error uint64 `json:"error"`
 	// Low and High hold the client's true units with probability 99 %
 	// (TopList.Bounds): [Count − Error, Count] widened by the sampling.
 	Low        uint64 `json:"low_99"`
