@@ -114,6 +114,17 @@ func TestRedisDown(t *testing.T) {
 			for i, want := range tt.down {
 				request("down "+string(rune('1'+i)), want)
 			}
+			// The store reports the server down from its own goroutine:
+			// wait for the report rather than expect it before the
+			// requests return.
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				mu.Lock()
+				n := len(health)
+				mu.Unlock()
+				if n > 0 {
+					break
+				}
+			}
 			mu.Lock()
 			if len(storeErrs) != len(tt.down) {
 				t.Errorf("%d store errors reported for %d requests, want one each", len(storeErrs), len(tt.down))
