@@ -180,7 +180,7 @@ func TestQueueOnRedis(t *testing.T) {
 	lags := schedlag.Start(t)
 	var lims []*middleware.Limiter
 	for range 4 {
-		s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix, StallThreshold: 2 * time.Second})
+		s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: prefix, StallThreshold: 2 * time.Second, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +218,7 @@ func TestQueueOnRedis(t *testing.T) {
 	checkSchedule(t, released, 50*time.Millisecond, 30*time.Millisecond, lags)
 
 	// Give-back, on counters of their own (a new prefix), at 2 a second.
-	s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	s, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

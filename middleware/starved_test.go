@@ -119,7 +119,6 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 	var (
 		mu            sync.Mutex
 		admitted      []span
-		failures      []span
 		total, failed atomic.Int64
 		firstErr      atomic.Value
 		callersDone   sync.WaitGroup
@@ -145,9 +144,6 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 						if err != nil {
 							firstErr.CompareAndSwap(nil, err)
 						}
-						mu.Lock()
-						failures = append(failures, span{from, to})
-						mu.Unlock()
 					}
 					if res.Allowed {
 						mine = append(mine, span{from, to})
@@ -188,22 +184,15 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 	// within this process's recent scheduling lag plus 15 ms (twice the
 	// lag past 25 ms): a process that goes unscheduled for longer than it
 	// went lately cannot read the answer in time, and the decision goes
-	// to the policy, as the store's bound says (beside a second make
+	// to the policy, as the store's bound says. Beside a second make
 	// test, whose processes are not niced, the process at nice 19 went
-	// unscheduled for up to 2 s). A failure counts if this process was
-	// never unscheduled for more than grayBusyLag during it.
-	busy, worst := 0, time.Duration(0)
-	for _, f := range failures {
-		if lag := lags.Worst(f.from, f.to); lag > grayBusyLag {
-			busy++
-		} else {
-			worst = max(worst, f.to.Sub(f.from))
-		}
-	}
-	if n := int(failed.Load()) - busy; n != 0 {
-		t.Errorf("%d of %d decisions failed open while Redis answered and this process ran (the longest took %v; %d more while it went unscheduled for more than %v), want 0", n, total.Load(), worst, busy, grayBusyLag)
-	} else if busy > 0 {
-		t.Logf("NOT FAILED, the machine was too busy: %d decisions failed open while this process went unscheduled for more than %v", busy, grayBusyLag)
+	// unscheduled for up to 2 s, and decisions during which the sampler
+	// itself was not late failed too: the callers and the pipeline's
+	// reader wait behind each other on two cores. As for the slow-Redis
+	// tests, a failure proves something only if this process was never
+	// unscheduled for more than grayBusyLag in the run (timingGate).
+	if n := failed.Load(); n != 0 {
+		timingGate(t, lags.Max())("%d of %d decisions failed open while Redis answered, want 0", n, total.Load())
 	}
 	if wantMost > 0 && most > wantMost {
 		t.Errorf("%d admitted within 1 s, want at most %d", most, wantMost)
@@ -211,10 +200,6 @@ func starve(t *testing.T, newClient func() *redis.Client, prefix string, limit m
 	// The limit in each window, if this process ran: one unscheduled for
 	// more than grayBusyLag at times may have made too few decisions.
 	if perWindow := int(run/limit.Window) * limit.Requests; len(admitted) < perWindow {
-		if lag := lags.Max(); lag > grayBusyLag {
-			t.Logf("NOT FAILED, this process went unscheduled for up to %v: %d admitted in %v of %d decisions, want at least %d", lag, len(admitted), run, total.Load(), perWindow)
-		} else {
-			t.Errorf("%d admitted in %v, want at least %d", len(admitted), run, perWindow)
-		}
+		timingGate(t, lags.Max())("%d admitted in %v of %d decisions, want at least %d", len(admitted), run, total.Load(), perWindow)
 	}
 }
