@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
@@ -120,20 +121,30 @@ func TestIdleRoundTrips(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-servers", servers), func(t *testing.T) {
 			t.Parallel()
 			var none, seen map[string]float64
+			var lagNone, lagSeen time.Duration
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				none = idleRoundTrips(t, servers, 0)
+				none, lagNone = idleRoundTrips(t, servers, 0)
 			}()
-			seen = idleRoundTrips(t, servers, 1000)
+			seen, lagSeen = idleRoundTrips(t, servers, 1000)
 			<-done
+			// Fewer calls than the timers make is a timing goal: a process
+			// that goes unscheduled for longer than a timer's period, or
+			// whose calls take that long, skips ticks (3 of 4 spare
+			// capacity publications a second beside a second make test).
+			// More is a cost, whatever the machine.
+			fewer := timingGate(t, max(lagNone, lagSeen))
 			t.Logf("%d servers, round trips a second per idle server: %v after no key, %v after 1,000 keys each", servers, none, seen)
 			// Per server and second: the version of the overrides and bans
 			// once, the spare capacity 4 times; nothing for the counters.
 			for kind, want := range map[string]float64{"admin": 1, "spare": 4, "counters": 0} {
 				for _, got := range []float64{none[kind], seen[kind]} {
-					if got < want-0.5 || got > want+0.5 {
+					switch {
+					case got > want+0.5:
 						t.Errorf("%s: %.2f round trips a second per idle server, want %.0f (%v after no key, %v after 1,000)", kind, got, want, none, seen)
+					case got < want-0.5:
+						fewer("%s: %.2f round trips a second per idle server, want %.0f (%v after no key, %v after 1,000)", kind, got, want, none, seen)
 					}
 				}
 			}
@@ -154,8 +165,9 @@ const idleMeasure = 2 * time.Second
 // client, has each decide once for each of keys keys under every rule,
 // lets the counters' windows end and their counts go, then counts the
 // round trips of 2 s with no request, and returns them per server and
-// second, by kind (see roundTrips).
-func idleRoundTrips(t *testing.T, servers, keys int) map[string]float64 {
+// second, by kind (see roundTrips), and the longest this process went
+// unscheduled meanwhile.
+func idleRoundTrips(t *testing.T, servers, keys int) (map[string]float64, time.Duration) {
 	srv := redistest.Standalone(t)
 	prefix := srv.Prefix(t)
 	ip := func(r keyfunc.Request) (string, error) {
@@ -226,7 +238,10 @@ func idleRoundTrips(t *testing.T, servers, keys int) map[string]float64 {
 		namesBefore[i] = c.counterNames()
 	}
 	const measure = idleMeasure
+	lags := schedlag.Start(t)
+	began := time.Now()
 	time.Sleep(measure)
+	lags.Stop()
 	for i, c := range counters {
 		for name, n := range c.counterNames() {
 			if d := n - namesBefore[i][name]; d > 0 {
@@ -235,11 +250,14 @@ func idleRoundTrips(t *testing.T, servers, keys int) map[string]float64 {
 		}
 	}
 	out := map[string]float64{"admin": 0, "spare": 0, "counters": 0, "top": 0, "setup": 0}
-	for k, n := range total() {
-		out[k] = float64(n-before[k]) / measure.Seconds() / float64(servers)
+	// Per second of what was counted: on a loaded machine the sleep ends
+	// late (5 calls a second counted over 2 s that were longer).
+	after, took := total(), time.Since(began)
+	for k, n := range after {
+		out[k] = float64(n-before[k]) / took.Seconds() / float64(servers)
 	}
 	u := redistest.ReadUsage(t, admin).Sub(use)
 	t.Logf("%d servers, %d keys seen each: Redis ran %.0f commands and %.2f ms of CPU a second (its own timers included)",
 		servers, keys, float64(u.Commands)/measure.Seconds(), float64(u.CPU.Microseconds())/1000/measure.Seconds())
-	return out
+	return out, lags.Max()
 }

@@ -109,7 +109,10 @@ func (s *tracedStore) Take(ctx context.Context, now time.Time, charges []middlew
 func TestStoreEventsReachObservers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
-	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	// A Timeout of 5 s: what is tested is where the events go, not the
+	// store's bound (a first decision took more than 100 ms on a loaded
+	// machine and failed open).
+	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +247,7 @@ func TestCloseConcurrent(t *testing.T) {
 func TestWrappedRedisStoreKeepsFleetMode(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
-	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second})
+	rs, err := middleware.NewRedisStore(srv.Client(t, nil), middleware.RedisConfig{Prefix: srv.Prefix(t), StallThreshold: 2 * time.Second, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,9 @@ func sluiceUpstream(t *testing.T, limit middleware.Limit) *upstream {
 // in lease mode at least that less the slices of the other process that
 // may be unused when the others give up); in write_back mode it may send
 // more by its bound, which the upstream refuses. The requests that could
-// not fit fail unsent within the maximum wait.
+// not fit fail unsent within the maximum wait. So may a request whose
+// maximum wait ran out while the store decided it (a loaded machine),
+// which Redis may have counted: those are allowed for in the least sent.
 func TestSluiceUpstream(t *testing.T) {
 	t.Parallel()
 	limit := middleware.Limit{Requests: 100, Window: 10 * time.Second}
@@ -120,14 +122,24 @@ func TestSluiceUpstream(t *testing.T) {
 			up := sluiceUpstream(t, limit)
 			rules := []middleware.Rule{{Name: "partner", Key: outbound.Host(), Limits: []middleware.Limit{limit},
 				Sync: tc.mode, Lease: tc.lease, MaxUnsynced: tc.unsynced, SyncInterval: interval}}
+			const maxWait = 300 * time.Millisecond
 			var clients []*http.Client
 			for _, lim := range fleet(t, 2, rules) {
-				clients = append(clients, newClient(t, lim, outbound.Options{MaxWait: 300 * time.Millisecond}))
+				clients = append(clients, newClient(t, lim, outbound.Options{MaxWait: maxWait}))
 			}
 			sent, unsent := hammer(t, clients, 8, 140, up.URL)
 			refused := up.refused()
 			ok := sent - refused
-			t.Logf("%s: sent %d, admitted by the upstream %d, refused %d, not sent %d", tc.mode, sent, ok, refused, len(unsent))
+			// Requests whose maximum wait ran out: those that could not
+			// fit are told at once (their turn is past it).
+			ranOut := 0
+			for _, err := range unsent {
+				var we *outbound.WaitError
+				if errors.As(err, &we) && we.Waited >= maxWait {
+					ranOut++
+				}
+			}
+			t.Logf("%s: sent %d, admitted by the upstream %d, refused %d, not sent %d (%d of them when their maximum wait ran out)", tc.mode, sent, ok, refused, len(unsent), ranOut)
 			if sent+len(unsent) != 140 {
 				t.Fatalf("%d sent + %d not sent, want 140", sent, len(unsent))
 			}
@@ -135,12 +147,12 @@ func TestSluiceUpstream(t *testing.T) {
 			case middleware.SyncExact:
 				// 99 once the first answers' RateLimit-Policy lowered the
 				// limit by its margin.
-				if sent < 99 || sent > 100 || refused != 0 {
-					t.Errorf("exact: sent %d (refused %d), want 99 or 100 and none refused", sent, refused)
+				if sent+ranOut < 99 || sent > 100 || refused != 0 {
+					t.Errorf("exact: sent %d (refused %d, %d ran out of wait), want 99 or 100 less those and none refused", sent, refused, ranOut)
 				}
 			case middleware.SyncLease:
-				if sent > 100 || sent < 99-tc.lease || refused != 0 {
-					t.Errorf("lease: sent %d (refused %d), want 89 to 100 and none refused", sent, refused)
+				if sent > 100 || sent+ranOut < 99-tc.lease || refused != 0 {
+					t.Errorf("lease: sent %d (refused %d, %d ran out of wait), want 89 to 100 (the least less those) and none refused", sent, refused, ranOut)
 				}
 			case middleware.SyncWriteBack:
 				// The stated bound: processes × MaxUnsynced over the

@@ -64,7 +64,11 @@ func (c countLeases) Fleet(ctx context.Context, deadline time.Time, call *fleet.
 // share script runs, as exact decisions do (one EVALSHA for the calls of
 // one batch). It counts the scripts run (INFO commandstats) against the
 // calls made: at most one run per 4 calls, where calls that each ran
-// alone would make one run per call.
+// alone would make one run per call. A key is busy for its second
+// decision only if the first was within two sync intervals (200 ms)
+// before it: the decisions are made at explicit instants, their own,
+// and the lease calls are counted against the keys whose two decisions
+// were that close (on a loaded machine some are not).
 func TestLeaseCallsShareScriptRuns(t *testing.T) {
 	srv := redistest.Standalone(t)
 	admin := srv.Client(t, nil)
@@ -90,8 +94,9 @@ func TestLeaseCallsShareScriptRuns(t *testing.T) {
 		layers = append(layers, fs)
 	}
 	const n = 20_000
+	within := 2 * DefaultSyncInterval
 	before := scriptCalls(t, admin)
-	var next atomic.Int64
+	var next, busy atomic.Int64
 	var wg sync.WaitGroup
 	for s := range layers {
 		for g := 0; g < 64; g++ {
@@ -105,8 +110,16 @@ func TestLeaseCallsShareScriptRuns(t *testing.T) {
 						return
 					}
 					c := []window.Charge{{Key: "k" + strconv.FormatInt(i, 10), Name: "r", Limit: l, Cost: 1}}
-					for range 2 {
-						ok, err := layers[s].Take(context.Background(), time.Time{}, c, out)
+					var first time.Time
+					for j := range 2 {
+						// Whole milliseconds, as the layer keeps them.
+						at := time.UnixMilli(time.Now().UnixMilli())
+						if j == 0 {
+							first = at
+						} else if at.Sub(first) <= within {
+							busy.Add(1)
+						}
+						ok, err := layers[s].Take(context.Background(), at, c, out)
 						if err != nil || !ok {
 							t.Errorf("key %d: allowed %v, %v", i, ok, err)
 							return
@@ -118,13 +131,17 @@ func TestLeaseCallsShareScriptRuns(t *testing.T) {
 	}
 	wg.Wait()
 	runs := scriptCalls(t, admin) - before
-	calls := leases.Load()
-	t.Logf("%d decisions, %d lease calls, %d script runs: %.3f runs per call", 2*n, calls, runs, float64(runs)/float64(2*n))
-	// A key's second decision leases unless another key took its slot in
-	// the memory of recent uses between its two decisions (see uses):
-	// then it too is decided exactly.
-	if calls > n || calls < n*95/100 {
-		t.Fatalf("%d lease calls for %d keys decided twice, want about one each", calls, n)
+	calls, near := leases.Load(), busy.Load()
+	t.Logf("%d decisions, %d lease calls, %d script runs: %.3f runs per call; %d keys decided twice within %v", 2*n, calls, runs, float64(runs)/float64(2*n), near, within)
+	// A key's second decision leases if the first was within two
+	// intervals, unless another key took its slot in the memory of recent
+	// uses between its two decisions (see uses): then it too is decided
+	// exactly.
+	if calls > near || calls < near*95/100 {
+		t.Fatalf("%d lease calls for %d keys decided twice within %v, want about one each", calls, near, within)
+	}
+	if near < n/2 {
+		t.Logf("only %d of %d keys were decided twice within %v: the machine is busy", near, n, within)
 	}
 	if runs < 1 || 4*runs > 2*n {
 		t.Errorf("%d script runs for %d exact decisions and %d lease calls, want between 1 and one per 4 calls", runs, 2*n-calls, calls)

@@ -32,6 +32,11 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 			}
 		}
 	}
+	var w waits
+	if !blind {
+		// (What is admitted blind is within fleet.Blind's budget.)
+		e = s.awaitRoom(ctx, &w, sh, id, c, b, e, ms, cost)
+	}
 	v := e.view()
 	at, ok := v.Take(l, ms, cost)
 	e.setView(&v)
@@ -48,7 +53,7 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 			sh.enlist(id, e)
 		}
 	}
-	need := ok && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
+	claimed := ok && s.claimPush(e, b, ms)
 	sh.mu.Unlock()
 	// Described from the copy, without the lock, which every decision on
 	// the counter needs.
@@ -58,9 +63,10 @@ func (s *Store) takeWriteBack(ctx context.Context, ms, call int64, c *window.Cha
 			fn(b.name, cost)
 		}
 	}
-	if need {
-		s.pushWaiting(ctx, sh, id, call, ms, b)
+	if claimed {
+		s.pushClaimed(ctx, &w, sh, id, call, ms)
 	}
+	w.stop()
 	return ok, nil
 }
 
@@ -93,41 +99,58 @@ func (s *Store) admitBlind(sh *shard, e *entry, b *binding, ms, c int64) bool {
 	return ok
 }
 
-// pushWaiting makes the unsynced counts of entry id durable before the
-// request that brought them to max_unsynced is answered: one push at a
-// time per counter, which carries whatever was counted while the last one
-// was on its way; requests that reach the bound meanwhile wait for it.
-func (s *Store) pushWaiting(ctx context.Context, sh *shard, id ident, call, ms int64, b *binding) {
-	var w waits
-	defer w.stop()
-	for {
-		sh.mu.Lock()
-		e, _ := sh.lookup(id)
-		if e == nil || e.up+e.uc < b.maxUnsynced || s.failUntil.Load() > ms {
-			// Pushed meanwhile (only what is in flight is unsynced), or
-			// Redis fails: the syncer retries.
-			sh.mu.Unlock()
-			return
-		}
-		if e.flags&granting != 0 {
-			ch := s.waitCh(sh, id)
-			sh.mu.Unlock()
-			if s.await(ctx, &w, ch) != nil {
-				return
-			}
-			continue
-		}
-		e.flags |= granting
+// awaitRoom waits, before a charge of cost c is counted in write-back
+// entry e of id, for the push that requests wait for (flag granting) while
+// one is on its way and the charge would bring what the server holds that
+// the fleet has not seen (e's unsynced units and those on their way) to
+// max_unsynced; the charge is then decided, or settled, from the view that
+// push's answer refreshed. With claimPush, this keeps what a server holds
+// unseen below max_unsynced plus one charge whatever the requests in
+// flight: counted first and waited for after, each of them would add its
+// charge while the push is on its way. It stops waiting past the request's
+// bound on waits (Config.Wait) or its context, or while the shared store
+// fails, and returns the counter's entry, which may be another one after
+// a wait. sh must be locked; it is locked again on return.
+func (s *Store) awaitRoom(ctx context.Context, w *waits, sh *shard, id ident, c *window.Charge, b *binding, e *entry, ms, cost int64) *entry {
+	for cost > 0 && e.flags&granting != 0 && e.up+e.uc+e.inflight+cost >= b.maxUnsynced && s.failUntil.Load() <= ms {
+		ch := s.waitCh(sh, id)
 		sh.mu.Unlock()
-		s.push(s.bound(ctx, &w), sh, id, call, ms)
+		err := s.await(ctx, w, ch)
 		sh.mu.Lock()
-		if e, _ := sh.lookup(id); e != nil {
-			e.flags &^= granting
+		e = s.entryFor(sh, id, c, b, ms)
+		if err != nil {
+			break
 		}
-		s.wake(sh, id)
-		sh.mu.Unlock()
-		return
 	}
+	return e
+}
+
+// claimPush reports whether a request that just counted units in
+// write-back entry e must make them durable before it is answered, because
+// what e holds unseen reached max_unsynced, and if so claims the push
+// (flag granting), which the requests that would reach the bound meanwhile
+// wait for (awaitRoom): one push per counter at a time. A request past its
+// bound on waits may find the push claimed already; it does not wait
+// again. sh must be locked.
+func (s *Store) claimPush(e *entry, b *binding, ms int64) bool {
+	if e.up+e.uc+e.inflight < b.maxUnsynced || s.failUntil.Load() > ms || e.flags&granting != 0 {
+		return false
+	}
+	e.flags |= granting
+	return true
+}
+
+// pushClaimed makes the unsynced counts of entry id durable for the
+// request that claimed the push (claimPush), within its bound on waits,
+// and lets the requests that wait for it go.
+func (s *Store) pushClaimed(ctx context.Context, w *waits, sh *shard, id ident, call, ms int64) {
+	s.push(s.bound(ctx, w), sh, id, call, ms)
+	sh.mu.Lock()
+	if e, _ := sh.lookup(id); e != nil {
+		e.flags &^= granting
+	}
+	s.wake(sh, id)
+	sh.mu.Unlock()
 }
 
 // waits bounds a request's waits for calls on their way for its counter

@@ -87,6 +87,8 @@ func (s *Store) settleWriteBack(ctx context.Context, c *window.Charge, b *bindin
 	l := &b.lim
 	sh.mu.Lock()
 	e := s.entryFor(sh, id, c, b, ms)
+	var w waits
+	e = s.awaitRoom(ctx, &w, sh, id, c, b, e, ms, cost)
 	v := e.view()
 	at := v.Roll(l, ms)
 	window.Settle(&v.C, at, *l, cost)
@@ -101,7 +103,7 @@ func (s *Store) settleWriteBack(ctx context.Context, c *window.Charge, b *bindin
 		bl.Note(l, ms, v.C.Start, v.Unsynced()+e.inflight)
 		e.setBlind(bl)
 	}
-	need := cost > 0 && v.Unsynced()+e.inflight >= b.maxUnsynced && s.failUntil.Load() <= ms
+	claimed := cost > 0 && s.claimPush(e, b, ms)
 	sh.mu.Unlock()
 	*out = window.Describe(v.C, at, *l, cost, true)
 	if cost > 0 {
@@ -109,9 +111,10 @@ func (s *Store) settleWriteBack(ctx context.Context, c *window.Charge, b *bindin
 			fn(b.name, cost)
 		}
 	}
-	if need {
-		s.pushWaiting(ctx, sh, id, call, ms, b)
+	if claimed {
+		s.pushClaimed(ctx, &w, sh, id, call, ms)
 	}
+	w.stop()
 }
 
 // settleLease takes the cost of c from the slice its counter holds, and

@@ -29,7 +29,10 @@
 // Write-back: requests are decided from the local view (fleet.View): the
 // fleet's count as last synced plus what this server counted since. A
 // request that brings a counter's unsynced count to max_unsynced pushes it
-// at once and waits for the answer. A counter not synced for two intervals
+// at once and waits for the answer; requests whose charge would bring it
+// there again while that push is on its way wait for it before they are
+// counted, so that a server holds at most max_unsynced − 1 units plus one
+// charge that the fleet has not seen. A counter not synced for two intervals
 // (or never) is decided blind, from its view as it is, within this
 // server's share of the bound (fleet.Blind) and while its view is far from
 // the limit; otherwise it is read again before it decides. Every sync

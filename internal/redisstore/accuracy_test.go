@@ -29,7 +29,12 @@ var accuracyLimits = []struct {
 
 // TestFrozenTimeExact: with time frozen, 4 stores (app servers, each its
 // own Redis client) × 32 goroutines on one key admit exactly the limit,
-// for every algorithm, on standalone Redis and on Cluster.
+// for every algorithm, on standalone Redis and on Cluster. The limits are
+// per hour rather than per second: Redis expires a counter in real time,
+// from the instant decided at (a fixed window's at the window's end, 750
+// ms after the frozen instant for a window of 1 s), and a loaded machine
+// took longer than that for the 512 decisions, which then started afresh
+// (143 admitted of 100).
 func TestFrozenTimeExact(t *testing.T) {
 	t.Parallel()
 	for _, topo := range []string{"standalone", "cluster"} {
@@ -47,7 +52,11 @@ func TestFrozenTimeExact(t *testing.T) {
 					newClient, prefix = func() redis.Scripter { return srv.Client(t, nil) }, srv.Prefix(t)
 				}
 				now := t0.Add(17*time.Minute + 250*time.Millisecond)
-				c := []window.Charge{{Key: "hot", Name: "r", Limit: al.l, Cost: 1}}
+				l := al.l
+				if l.Window > 0 {
+					l.Window = time.Hour
+				}
+				c := []window.Charge{{Key: "hot", Name: "r", Limit: l, Cost: 1}}
 				var admitted, denied atomic.Int64
 				var wg sync.WaitGroup
 				for range stores {
@@ -73,8 +82,8 @@ func TestFrozenTimeExact(t *testing.T) {
 					}
 				}
 				wg.Wait()
-				if a, d := admitted.Load(), denied.Load(); a != int64(al.l.Capacity()) || a+d != stores*goroutines*tries {
-					t.Fatalf("%d admitted and %d denied, want %d admitted of %d", a, d, al.l.Capacity(), stores*goroutines*tries)
+				if a, d := admitted.Load(), denied.Load(); a != int64(l.Capacity()) || a+d != stores*goroutines*tries {
+					t.Fatalf("%d admitted and %d denied, want %d admitted of %d", a, d, l.Capacity(), stores*goroutines*tries)
 				}
 			})
 		}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/schedlag"
 	"github.com/sluicehq/sluice/internal/storetest"
 	"github.com/sluicehq/sluice/internal/window"
 )
@@ -663,14 +664,18 @@ func TestRedisDown(t *testing.T) {
 	t.Parallel()
 	ch := window.Charge{Key: "k", Name: "r", Limit: perMinute(1000), Cost: 1}
 	const timeout = 200 * time.Millisecond
-	// timed runs Take and checks that it fails within limit.
+	// timed runs Take and checks that it fails within limit, and the
+	// scheduling lag this process met meanwhile (a deadline's timer, or
+	// the reader of a reply, may run that late).
 	timed := func(t *testing.T, s *Store, limit time.Duration) error {
 		t.Helper()
+		lags := schedlag.Start(t)
 		start := time.Now()
 		out := make([]window.Decision, 1)
 		ok, err := s.Take(context.Background(), time.Time{}, []window.Charge{ch}, out)
-		if took := time.Since(start); took > limit {
-			t.Errorf("Take took %s, want at most %s", took, limit)
+		lags.Stop()
+		if took, lag := time.Since(start), lags.Max(); took > limit+lag {
+			t.Errorf("Take took %s, want at most %s and the scheduling lag met, %s", took, limit, lag)
 		}
 		if err == nil || ok {
 			t.Fatalf("Take = %v, %v; want an error", ok, err)
@@ -754,10 +759,13 @@ func TestRedisDown(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The batch stalls: the server is marked down long before the
-		// deadline.
-		err := timed(t, s, timeout)
-		if !errors.Is(err, redispipe.ErrStalled) && !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("error %v is not a stall or a deadline", err)
+		// deadline, or the call gives up at it, within the store's slack
+		// past it (docs/redis.md: 25 ms); a call sent alone gives up when
+		// its connection's read times out at the stall threshold.
+		err := timed(t, s, timeout+25*time.Millisecond)
+		var ne net.Error
+		if !errors.Is(err, redispipe.ErrStalled) && !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+			t.Errorf("error %v is not a stall, a deadline or a read's timeout", err)
 		}
 		t.Logf("hung, no ContextTimeoutEnabled: %v", err)
 		if err := srv.Resume(); err != nil {

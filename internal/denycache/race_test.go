@@ -1,0 +1,6 @@
+//go:build race
+
+package denycache
+
+// raceScale divides the records of TestBounded under the race detector.
+const raceScale = 4
