@@ -37,6 +37,9 @@ type dest struct {
 	// stalled.
 	lanes   []*lane
 	healthy int
+	// inFlight is the number of regular lanes, and extra how many more
+	// spreadLocked may start (see lanesFor); both fixed at creation.
+	inFlight, extra int
 	// idle counts the lanes waiting for calls; lastBatch is when a lane
 	// last took a batch; spread starts an extra lane for calls that wait
 	// (see spreadLocked), and spreading is set while it is armed.
@@ -44,9 +47,11 @@ type dest struct {
 	lastBatch time.Time
 	spread    *time.Timer
 	spreading bool
-	// warmer runs warm every warmEvery, when servers may be slow.
-	warmer *time.Timer
-	closed bool
+	// warmer runs warm every warmEvery, when servers may be slow, to
+	// keep warmConns connections ready (see startWarming).
+	warmer    *time.Timer
+	warmConns int
+	closed    bool
 	// state is the destination's health; downErr is the error its calls
 	// get while it is not up (see refuseLocked). slowTrip is the round
 	// trip a slow destination's server was last seen to take.
@@ -152,9 +157,10 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	d.spread = time.AfterFunc(time.Hour, d.onSpread)
 	d.spread.Stop()
 	d.setClient(c)
+	d.inFlight, d.extra = lanesFor(p.cfg.MaxInFlight, c.Options())
 	d.cond.L = &d.mu
 	d.mu.Lock()
-	for range p.cfg.MaxInFlight {
+	for range d.inFlight {
 		d.startLaneLocked()
 	}
 	d.mu.Unlock()
@@ -162,56 +168,9 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 		d.prepareWatch()
 	}
 	if p.slowRoundTrip > 0 {
-		d.warmer = time.AfterFunc(warmEvery, d.warm)
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			d.warm()
-		}()
+		d.startWarming()
 	}
 	return d
-}
-
-// warmEvery is how often warm runs.
-const warmEvery = 10 * time.Minute
-
-// warmHold is how long each of warm's commands holds its connection.
-const warmHold = 20 * time.Millisecond
-
-// warm has the client's pool hold a connection for each of the
-// destination's lanes, extra ones included (see spreadLocked), by sending
-// as many commands at once through a clone of the client, which shares its
-// pool but none of its hooks; and sets itself to run again in warmEvery.
-// Each command is a WAIT for more replicas than there are, which holds its
-// connection for warmHold on the server without touching any data, so
-// that the commands overlap and each needs a connection of its own (PINGs
-// on a fast link are each answered before the next is sent, and one or
-// two connections serve them all).
-// When a slow server keeps the lanes busy, an extra lane then finds a
-// connection ready: a new one takes a round trip or two to set up (HELLO,
-// CLIENT SETINFO), which the calls waiting for the extra lane would wait
-// for on top of their own. Running again keeps those connections from
-// idling past go-redis's ConnMaxIdleTime (30 minutes by default), after
-// which it closes them.
-func (d *dest) warm() {
-	if d.p.ctx.Err() != nil {
-		return
-	}
-	defer d.warmer.Reset(warmEvery)
-	n := d.p.cfg.MaxInFlight + extraLanes
-	c := d.client.Load()
-	clone := c.WithTimeout(c.Options().ReadTimeout)
-	ctx, cancel := context.WithTimeout(d.p.ctx, time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = clone.Do(ctx, "WAIT", math.MaxInt32, warmHold.Milliseconds()).Err()
-		}()
-	}
-	wg.Wait()
 }
 
 // enqueue queues c, or returns the error of a destination that is down,
@@ -236,8 +195,8 @@ func (d *dest) enqueue(c *call) error {
 // for a lane, all of them being busy, before an extra lane takes it.
 const spreadAfter = 10 * time.Millisecond
 
-// extraLanes bounds the lanes started by spreadLocked, beyond
-// Config.MaxInFlight.
+// extraLanes bounds the lanes started by spreadLocked, beyond the
+// regular ones (see lanesFor).
 const extraLanes = 4
 
 // spreadLocked starts an extra lane for the calls queued if every lane is
@@ -247,7 +206,7 @@ const extraLanes = 4
 // wait for a whole round trip before its own. An extra lane ends when it
 // finds nothing queued after its batch.
 func (d *dest) spreadLocked() {
-	if d.idle > 0 || len(d.queue) == 0 || d.healthy >= d.p.cfg.MaxInFlight+extraLanes ||
+	if d.idle > 0 || len(d.queue) == 0 || d.healthy >= d.inFlight+d.extra ||
 		d.p.send != nil || d.state != up || d.closed {
 		return
 	}
@@ -411,7 +370,7 @@ func (l *lane) run() {
 	defer d.p.wg.Done()
 	for {
 		d.mu.Lock()
-		if len(d.queue) == 0 && d.healthy > d.p.cfg.MaxInFlight && !l.stalled {
+		if len(d.queue) == 0 && d.healthy > d.inFlight && !l.stalled {
 			// An extra lane (see spreadLocked) that is not needed.
 			l.removeLocked()
 			d.healthy--
@@ -487,7 +446,7 @@ func (l *lane) run() {
 		l.spare = batch[:0]
 		if stalled {
 			d.mu.Lock()
-			if d.closed || d.healthy >= d.p.cfg.MaxInFlight {
+			if d.closed || d.healthy >= d.inFlight {
 				// A fresh lane took this one's place.
 				l.removeLocked()
 				d.mu.Unlock()

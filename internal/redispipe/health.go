@@ -358,7 +358,7 @@ func (d *dest) setState(to health, trip time.Duration, cause error) {
 			}
 		}
 	}
-	for d.healthy < d.p.cfg.MaxInFlight && stalled < maxStalledFactor*d.p.cfg.MaxInFlight {
+	for d.healthy < d.inFlight && stalled < maxStalledFactor*d.inFlight {
 		d.startLaneLocked()
 	}
 	if !d.probing {

@@ -119,11 +119,20 @@
 // extra lane (up to 4 beyond MaxInFlight) takes the calls that wait: with
 // a server whose round trip is long, lanes tend to leave together, and a
 // call that just missed them would wait for a whole round trip before its
-// own. With Config.Bound, each destination keeps connections ready in the
-// client's pool for its lanes, extra ones included (as many overlapping
-// WAITs of 20 ms through a clone of the client, at creation and every ten
-// minutes, each holding a connection): a new connection takes a round
-// trip or two to set up.
+// own. A destination has no more lanes than the client's pool has
+// connections for (PoolSize): MaxInFlight at most PoolSize, the extra
+// ones what is left beside them and a direct call; a lane without a
+// connection would only wait for one with calls it took from the queue.
+// With Config.Bound, each destination keeps connections ready in the
+// client's pool for its lanes, extra ones included, as many as the pool
+// can spare beside the regular lanes and a direct call (none with a pool
+// of MaxInFlight+1 connections or fewer): at creation and every ten
+// minutes, it takes them from the pool one after the other, each through
+// a redis.Conn of its own (a clone's) with a PING, and gives them all
+// back, so that a connection is held for the PINGs (a dial or a round
+// trip each) of the others, not for a wait of the server's. A new
+// connection takes a round trip or two to set up, which a call waiting
+// for an extra lane would wait for on top of its own.
 package redispipe
 
 import (
@@ -188,9 +197,11 @@ type Config struct {
 	// one pipeline. Zero means DefaultMaxBatch.
 	MaxBatch int
 	// MaxInFlight is the number of batches that may be outstanding to one
-	// destination at once; each is a worker goroutine and a connection.
-	// Zero means DefaultMaxInFlight for a *redis.Client and
-	// DefaultMaxInFlightPerNode for a *redis.ClusterClient or *redis.Ring.
+	// destination at once; each is a worker goroutine and a connection,
+	// so a destination whose client's pool is smaller (Options.PoolSize)
+	// has as many as the pool has connections. Zero means
+	// DefaultMaxInFlight for a *redis.Client and DefaultMaxInFlightPerNode
+	// for a *redis.ClusterClient or *redis.Ring.
 	MaxInFlight int
 	// StallThreshold is how long a batch may be outstanding before its
 	// destination is marked down. Zero means adaptive: MinStallThreshold
