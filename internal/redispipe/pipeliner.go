@@ -33,7 +33,10 @@
 // A call for a destination that is idle (up, nothing queued, no batch in
 // flight) is sent by its caller itself, saving the hand-off to a lane and
 // back, which is most of what the pipeline would add to the round trip of
-// one call at a time. A direct call gives up after the stall threshold
+// one call at a time; but not before the destination's server has
+// answered a batch: the first call sets up a connection and loads the
+// script, round trips that a lane waits for as long as the server
+// answers. A direct call gives up after the stall threshold
 // (MaxStallThreshold when it is adaptive) and marks the destination down
 // unless the server answers a PING, as a lane does, whatever the client's
 // ReadTimeout, with a context deadline that also bounds go-redis's dials
@@ -279,7 +282,7 @@ type Pipeliner struct {
 	// whether the server answered; the benchmarks of alternatives set it,
 	// which also turns direct calls off.
 	send func(d *dest, ctx context.Context, sent []*call) bool
-	// noDirect turns direct calls off (see tryDirect).
+	// noDirect turns direct calls off (see directLocked).
 	noDirect bool
 	// busy reports whether this process is short of CPU (processBusy;
 	// tests of direct calls replace it), and lag how late its goroutines
@@ -417,13 +420,14 @@ func (p *Pipeliner) run(ctx context.Context, deadline time.Time, quiet bool, scr
 	if p.kind == kindCluster {
 		c.slot = Slot(keys[0])
 	}
-	if start, ok := d.tryDirect(c); ok {
-		return d.runDirect(ctx, c, start)
-	}
-	if err := d.enqueue(c); err != nil {
+	start, direct, err := d.submit(c)
+	switch {
+	case err != nil:
 		c.release()
 		c.release()
 		return nil, err
+	case direct:
+		return d.runDirect(ctx, c, start)
 	}
 	return c.wait(ctx)
 }
