@@ -529,6 +529,24 @@ func (l *lane) exec(batch []*call) bool {
 	if len(sent) == 0 {
 		return false
 	}
+	client := d.client.Load()
+	var pipe redis.Pipeliner
+	send := d.p.send
+	if send == nil {
+		// (A command keeps the context it is made with, but go-redis
+		// goes by the one it is sent with, Exec's below.)
+		pipe = client.Pipeline()
+		l.group, l.args = d.p.commands(d.p.ctx, pipe, sent, l.group, l.args[:0])
+		defer func() {
+			// The commands are done with: their arguments may be reused.
+			clear(l.args)
+			l.args = l.args[:0]
+		}()
+	}
+	// One reading of the clock, the batch built, stamps its calls sent
+	// and bounds it.
+	now := time.Now()
+	stampSent(sent, now)
 	// The batch may take as long as its most patient caller waits. Clients
 	// that do not honour deadlines on reads still honour them while
 	// dialing, retrying and waiting for a connection.
@@ -536,33 +554,22 @@ func (l *lane) exec(batch []*call) bool {
 	// call.wait).
 	ctx := d.p.ctx
 	if all {
-		client := d.client.Load()
 		if client.Options().ContextTimeoutEnabled {
 			// The deadline also ends the batch's reads: a hung server
 			// keeps the connection no longer than the callers wait.
-			latest = later(latest, time.Now().Add(MaxStallThreshold))
+			latest = later(latest, now.Add(MaxStallThreshold))
 		} else {
 			// It bounds only dials, retries and waits for a
 			// connection, which a late process may take long for.
-			latest = later(latest, time.Now()).Add(maxOverrun)
+			latest = later(latest, now).Add(maxOverrun)
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	if send := d.p.send; send != nil {
-		stampSent(sent)
+	if send != nil {
 		return send(d, ctx, sent)
 	}
-	client := d.client.Load()
-	pipe := client.Pipeline()
-	l.group, l.args = d.p.commands(ctx, pipe, sent, l.group, l.args[:0])
-	defer func() {
-		// The commands are done with: their arguments may be reused.
-		clear(l.args)
-		l.args = l.args[:0]
-	}()
-	stampSent(sent)
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
 		d.markDown(err)
@@ -598,10 +605,10 @@ func lacksScript(sent []*call) bool {
 // written: a PING written after it tells of their replies (see overrun),
 // and one written while a late lane was still building the batch would
 // not, its answer coming before the batch was on its way.
-func stampSent(calls []*call) {
-	now := time.Now().UnixNano()
+func stampSent(calls []*call, now time.Time) {
+	t := now.UnixNano()
 	for _, c := range calls {
-		c.sent.Store(now)
+		c.sent.Store(t)
 	}
 }
 
