@@ -73,7 +73,9 @@ func BenchmarkRedis(b *testing.B) {
 //
 // Metrics: %-of-baseline (sluice's decisions/s over the baseline's, over
 // all slices), slice-%-min and slice-%-max (the lowest and highest share
-// of a single slice), each one's decisions/s and p99-µs. "keys-100k" cycles
+// of a single slice), each one's decisions/s and p99-µs, and
+// sluice-scripts/decision (script runs on the server per decision, from
+// INFO commandstats: how many decisions share a run). "keys-100k" cycles
 // through all 100,000 keys across the slices, each of which got one
 // decision from each before timing. "cold" gives every decision a client
 // that neither has seen (a crawler, a launch: every key new, as right
@@ -115,6 +117,7 @@ func BenchmarkRedisPaired(b *testing.B) {
 				made   [2]int64
 				srvCPU [2]float64 // redis-server's CPU time, s
 				ownCPU [2]float64 // this process's CPU time, s
+				runs   [2]float64 // script runs on the server
 				lat    [2][]time.Duration
 				lo, hi = math.Inf(1), 0.0
 				off    int
@@ -133,12 +136,13 @@ func BenchmarkRedisPaired(b *testing.B) {
 						ks = coldKeys(per)
 						b.StartTimer()
 					}
-					cpu0, own0 := serverCPU(b, c), selfCPU(b)
+					cpu0, own0, runs0 := serverCPU(b, c), selfCPU(b), scriptRuns(b, c)
 					start := time.Now()
 					l, errs, first := runDecisions(redisConcurrency, per, entries[k].impl, ks)
 					d := time.Since(start)
 					srvCPU[k] += serverCPU(b, c) - cpu0
 					ownCPU[k] += selfCPU(b) - own0
+					runs[k] += scriptRuns(b, c) - runs0
 					if errs > 0 {
 						b.Fatalf("%s: %d of %d decisions failed, first: %v", entries[k].name, errs, per, first)
 					}
@@ -160,6 +164,7 @@ func BenchmarkRedisPaired(b *testing.B) {
 				b.ReportMetric(srvCPU[k]/float64(made[k])*1e6, e.name+"-server-cpu-µs")
 				b.ReportMetric(ownCPU[k]/float64(made[k])*1e6, e.name+"-client-cpu-µs")
 			}
+			b.ReportMetric(runs[1]/float64(made[1]), entries[1].name+"-scripts/decision")
 			b.ReportMetric(100*total[1]/total[0], "%-of-baseline")
 			b.ReportMetric(lo, "slice-%-min")
 			b.ReportMetric(hi, "slice-%-max")
@@ -433,6 +438,31 @@ func processCPU(tb testing.TB) time.Duration {
 
 // selfCPU returns processCPU in seconds.
 func selfCPU(tb testing.TB) float64 { return processCPU(tb).Seconds() }
+
+// scriptRuns returns how many scripts the server of c has run (INFO
+// commandstats: the calls of EVALSHA and EVAL).
+func scriptRuns(tb testing.TB, c *redis.Client) float64 {
+	tb.Helper()
+	s, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var total float64
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		k, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if k != "cmdstat_evalsha" && k != "cmdstat_eval" {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+		n, err := strconv.ParseFloat(calls, 64)
+		if err != nil {
+			tb.Fatalf("INFO commandstats: %s: %v", k, err)
+		}
+		total += n
+	}
+	return total
+}
 
 // serverCPU returns the CPU time, user and system, in seconds, that the
 // server of c has used (INFO cpu: used_cpu_user + used_cpu_sys).

@@ -22,7 +22,7 @@ var busy struct {
 
 // processBusy reports whether more goroutines of this process wait for a
 // processor than there are processors, as read at most busyEvery ago. A
-// direct call is not made then (see tryDirect): its caller would read
+// direct call is not made then (see directLocked): its caller would read
 // the reply only after its turn, which may come after the call's short
 // deadline although the reply came at once. It is false where the
 // runtime does not count runnable goroutines (before Go 1.26).
@@ -64,8 +64,9 @@ var lagged struct {
 // recorded in the last lagWindow or two, as read at most busyEvery ago,
 // or zero where the runtime does not record them. It is this process's
 // own scheduling lag, which a call may wait past its deadline when its
-// server's answer is not known yet (see dest.overrun). The lanes read it
-// after each batch, so that it is current when a deadline asks.
+// server's answer is not known yet (see dest.overrun). The lanes have it
+// read as their batches end, every lagRefresh at most (refreshLag), so
+// that it is current when a deadline asks.
 func processLag(now time.Time) time.Duration {
 	t := now.UnixNano()
 	last := lagged.at.Load()
@@ -103,4 +104,19 @@ func processLag(now time.Time) time.Duration {
 	lag := max(lagged.worst, lagged.before)
 	lagged.last.Store(int64(lag))
 	return lag
+}
+
+// lagRefresh is how often the lanes have processLag read the runtime's
+// figures (see refreshLag): often enough to keep its window current,
+// seldom enough that a busy destination's batches do not pay for a read
+// each millisecond.
+const lagRefresh = 10 * time.Millisecond
+
+// refreshLag has processLag read the runtime's figures unless it did less
+// than lagRefresh before now, so that the lag a deadline asks for (see
+// dest.overrun) counts the latencies of its last lagWindow or two.
+func refreshLag(now time.Time) {
+	if now.UnixNano()-lagged.at.Load() >= int64(lagRefresh) {
+		processLag(now)
+	}
 }

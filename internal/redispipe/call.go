@@ -45,8 +45,8 @@ type call struct {
 	// quiet calls are not counted in Config.OnBatch (RunQuiet).
 	quiet bool
 	// queued is when a timed call was queued for a lane; sent, in Unix
-	// nanoseconds, when a lane took it, then when the lane was about to
-	// write it (zero until then). See overrun.
+	// nanoseconds, when the lane that took it was about to write it (zero
+	// until then). See overrun.
 	queued time.Time
 	sent   atomic.Int64
 

@@ -37,16 +37,18 @@ type dest struct {
 	// stalled.
 	lanes   []*lane
 	healthy int
+	// inFlight is the number of regular lanes, and extra how many more
+	// spreadLocked may start (see lanesFor); both fixed at creation.
+	inFlight, extra int
 	// idle counts the lanes waiting for calls; lastBatch is when a lane
-	// last took a batch; spread starts an extra lane for calls that wait
-	// (see spreadLocked), and spreading is set while it is armed.
+	// last took a batch (see spreadLocked).
 	idle      int
 	lastBatch time.Time
-	spread    *time.Timer
-	spreading bool
-	// warmer runs warm every warmEvery, when servers may be slow.
-	warmer *time.Timer
-	closed bool
+	// warmer runs warm every warmEvery, when servers may be slow, to
+	// keep warmConns connections ready (see startWarming).
+	warmer    *time.Timer
+	warmConns int
+	closed    bool
 	// state is the destination's health; downErr is the error its calls
 	// get while it is not up (see refuseLocked). slowTrip is the round
 	// trip a slow destination's server was last seen to take.
@@ -71,9 +73,11 @@ type dest struct {
 	events     []event
 	delivering bool
 
-	// directs counts the direct calls in flight (see tryDirect); guarded
-	// by mu.
+	// directs counts the direct calls in flight (see submit); served is
+	// set once a batch of the destination's client was answered (see
+	// directLocked). Both guarded by mu.
 	directs int
+	served  bool
 	// verifying is set while a lane's stall timer has the server verified
 	// (see verify.go); lateAt is when this process was last seen late to
 	// read the server's replies. Both guarded by mu.
@@ -122,7 +126,10 @@ func (d *dest) directContext(now time.Time, bound time.Duration) (context.Contex
 
 // setClient makes c the client of the destination.
 func (d *dest) setClient(c *redis.Client) {
+	d.mu.Lock()
+	d.served = false // a new client has no connection yet
 	d.client.Store(c)
+	d.mu.Unlock()
 	if t := d.p.directTimeout; t > 0 && !c.Options().ContextTimeoutEnabled {
 		// go-redis waits for a reply for ReadTimeout whatever the
 		// context, then tries again: direct calls go through a clone
@@ -149,12 +156,11 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	d.probeWatch.dialTimeout = slowProbeWait
 	done := make(chan struct{})
 	d.watch.done.Store(&done)
-	d.spread = time.AfterFunc(time.Hour, d.onSpread)
-	d.spread.Stop()
 	d.setClient(c)
+	d.inFlight, d.extra = lanesFor(p.cfg.MaxInFlight, c.Options())
 	d.cond.L = &d.mu
 	d.mu.Lock()
-	for range p.cfg.MaxInFlight {
+	for range d.inFlight {
 		d.startLaneLocked()
 	}
 	d.mu.Unlock()
@@ -162,124 +168,85 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 		d.prepareWatch()
 	}
 	if p.slowRoundTrip > 0 {
-		d.warmer = time.AfterFunc(warmEvery, d.warm)
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			d.warm()
-		}()
+		d.startWarming()
 	}
 	return d
 }
 
-// warmEvery is how often warm runs.
-const warmEvery = 10 * time.Minute
-
-// warmHold is how long each of warm's commands holds its connection.
-const warmHold = 20 * time.Millisecond
-
-// warm has the client's pool hold a connection for each of the
-// destination's lanes, extra ones included (see spreadLocked), by sending
-// as many commands at once through a clone of the client, which shares its
-// pool but none of its hooks; and sets itself to run again in warmEvery.
-// Each command is a WAIT for more replicas than there are, which holds its
-// connection for warmHold on the server without touching any data, so
-// that the commands overlap and each needs a connection of its own (PINGs
-// on a fast link are each answered before the next is sent, and one or
-// two connections serve them all).
-// When a slow server keeps the lanes busy, an extra lane then finds a
-// connection ready: a new one takes a round trip or two to set up (HELLO,
-// CLIENT SETINFO), which the calls waiting for the extra lane would wait
-// for on top of their own. Running again keeps those connections from
-// idling past go-redis's ConnMaxIdleTime (30 minutes by default), after
-// which it closes them.
-func (d *dest) warm() {
-	if d.p.ctx.Err() != nil {
-		return
+// submit sends c on its way: to be sent by its caller, if the destination
+// is idle (see directLocked), which direct then reports, with start, the
+// time that the call starts at; or to the queue, for a lane. It returns
+// the error of a destination that is down, slow or closed. One reading of
+// the clock serves the call's checks, its start and its place in the
+// queue, and one hold of the lock all its dealings with the destination.
+func (d *dest) submit(c *call) (start time.Time, direct bool, err error) {
+	p := d.p
+	now := time.Now()
+	direct = !p.noDirect && p.send == nil
+	if direct && c.hasDeadline && !d.client.Load().Options().ContextTimeoutEnabled {
+		// The clone of direct calls gives up after directTimeout, for a
+		// write and for a read: the caller's deadline must leave room
+		// for both.
+		direct = p.directTimeout > 0 && c.deadline.Sub(now) >= 2*p.directTimeout
 	}
-	defer d.warmer.Reset(warmEvery)
-	n := d.p.cfg.MaxInFlight + extraLanes
-	c := d.client.Load()
-	clone := c.WithTimeout(c.Options().ReadTimeout)
-	ctx, cancel := context.WithTimeout(d.p.ctx, time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = clone.Do(ctx, "WAIT", math.MaxInt32, warmHold.Milliseconds()).Err()
-		}()
-	}
-	wg.Wait()
-}
-
-// enqueue queues c, or returns the error of a destination that is down,
-// slow or closed.
-func (d *dest) enqueue(c *call) error {
 	d.mu.Lock()
-	if err := d.refuseLocked(c); err != nil {
+	if err := d.refuseLocked(c, now); err != nil {
 		d.mu.Unlock()
-		return err
+		return time.Time{}, false, err
+	}
+	if direct && d.directLocked(now) {
+		d.directs++
+		d.lastUse = now
+		d.mu.Unlock()
+		return now, true, nil
 	}
 	if c.timed {
-		c.queued = time.Now() // for overrun
+		c.queued = now // for overrun
 	}
 	d.queue = append(d.queue, c)
-	d.spreadLocked()
+	d.spreadLocked(now)
 	d.mu.Unlock()
 	d.cond.Signal()
-	return nil
+	return time.Time{}, false, nil
 }
 
 // spreadAfter is how long after the latest batch left a call may wait
 // for a lane, all of them being busy, before an extra lane takes it.
 const spreadAfter = 10 * time.Millisecond
 
-// extraLanes bounds the lanes started by spreadLocked, beyond
-// Config.MaxInFlight.
+// extraLanes bounds the lanes started by spreadLocked, beyond the
+// regular ones (see lanesFor).
 const extraLanes = 4
 
-// spreadLocked starts an extra lane for the calls queued if every lane is
-// busy and none has taken a batch for spreadAfter, or arms the spread
-// timer to see to it then. With a server whose round trip is long, the
-// lanes tend to leave together, and a call that just missed them would
-// wait for a whole round trip before its own. An extra lane ends when it
-// finds nothing queued after its batch.
-func (d *dest) spreadLocked() {
-	if d.idle > 0 || len(d.queue) == 0 || d.healthy >= d.p.cfg.MaxInFlight+extraLanes ||
-		d.p.send != nil || d.state != up || d.closed {
-		return
-	}
-	now := time.Now()
-	if wait := spreadAfter - now.Sub(d.lastBatch); wait > 0 {
-		if !d.spreading {
-			d.spreading = true
-			d.spread.Reset(wait)
-		}
+// spreadLocked starts an extra lane for the calls queued, at now, if every
+// lane is busy and none has taken a batch for spreadAfter. With a server
+// whose round trip is long, the lanes tend to leave together, and a call
+// that just missed them would wait for a whole round trip before its own.
+// An extra lane ends when it finds nothing queued after its batch.
+//
+// It is asked when a call is queued and when the timer of a lane whose
+// batch has been out for spreadAfter fires (see onTimer): the lane that
+// took the latest batch, if still busy, asks spreadAfter after it took
+// it, which is when calls that waited since then are owed a lane. No
+// timer of its own wakes up while the batches come back sooner, as they
+// do from a server that is up and near.
+func (d *dest) spreadLocked(now time.Time) {
+	if d.idle > 0 || len(d.queue) == 0 || d.healthy >= d.inFlight+d.extra ||
+		d.p.send != nil || d.state != up || d.closed || now.Sub(d.lastBatch) < spreadAfter {
 		return
 	}
 	d.lastBatch = now // one extra lane at a time
 	d.startLaneLocked()
 }
 
-// onSpread runs when the spread timer fires.
-func (d *dest) onSpread() {
-	d.mu.Lock()
-	d.spreading = false
-	d.spreadLocked()
-	d.mu.Unlock()
-}
-
-// refuseLocked returns why d takes no call c, if it takes none: it is
-// closed, or down, or slow and c cannot wait for its server's round trip
-// (which starts its probes). d.mu must be held.
-func (d *dest) refuseLocked(c *call) error {
+// refuseLocked returns why d takes no call c, if it takes none, at now: it
+// is closed, or down, or slow and c cannot wait for its server's round
+// trip (which starts its probes). d.mu must be held.
+func (d *dest) refuseLocked(c *call, now time.Time) error {
 	if d.closed {
 		return ErrClosed
 	}
 	if d.state != up {
-		now := time.Now()
 		d.lastUse = now
 		if !d.probing {
 			d.startProbeLocked()
@@ -300,21 +267,21 @@ func (d *dest) patientLocked(c *call, now time.Time) bool {
 	return d.state == slow && (!c.hasDeadline || c.deadline.Sub(now) > d.slowTrip*4/3)
 }
 
-// enqueueAll is enqueue for calls, all for d, queued at once so that a
-// lane takes them together.
+// enqueueAll is submit for calls, all for d, queued at once so that a
+// lane takes them together (none is sent directly).
 func (d *dest) enqueueAll(calls []*call) error {
+	now := time.Now()
 	d.mu.Lock()
 	// The calls share their deadline.
-	if err := d.refuseLocked(calls[0]); err != nil {
+	if err := d.refuseLocked(calls[0], now); err != nil {
 		d.mu.Unlock()
 		return err
 	}
-	now := time.Now()
 	for _, c := range calls {
 		c.queued = now // for overrun
 	}
 	d.queue = append(d.queue, calls...)
-	d.spreadLocked()
+	d.spreadLocked(now)
 	d.mu.Unlock()
 	d.cond.Broadcast()
 	return nil
@@ -328,7 +295,6 @@ func (d *dest) close() {
 	queued := d.queue
 	d.queue = nil
 	d.mu.Unlock()
-	d.spread.Stop()
 	if d.warmer != nil {
 		d.warmer.Stop()
 	}
@@ -373,14 +339,56 @@ type lane struct {
 	stalled bool
 	start   time.Time
 	// due is when the batch is taken as stalled unless the server answers
-	// a verification (see onTimer).
+	// a verification (see onTimer); zero if stalls are not detected.
 	due time.Time
-	// timer calls onTimer when the batch in flight reaches its stall
+	// timer calls onTimer when the batch in flight has been out for
+	// spreadAfter (see spreadLocked) and when it reaches its stall
 	// threshold.
 	timer *time.Timer
 	// sent, group and args are scratch space for exec.
 	sent, group []*call
 	args        []any
+	// armed is set while timer is armed for the batch in flight, and
+	// landed once the batch is back (see land); wasStalled then says
+	// whether it was taken as stalled, and took how long it was out.
+	// Only the lane's goroutine uses them.
+	armed, landed, wasStalled bool
+	took                      time.Duration
+}
+
+// land records that the lane's batch is back, answered or not: the lane
+// is no longer busy, and the batch's time is observed (but the first's of
+// the destination, see served). For a batch of one call answered, exec
+// calls it before it completes the call, so that a caller that makes its
+// next call as soon as it has its reply finds the destination idle and
+// sends that call itself (see directLocked): a lane still busy then would
+// keep such a caller's calls in the lanes, each paying the hand-off to
+// the lane and back. (The callers of a larger batch, woken together, are
+// better off in the next batch together than the first of them alone.)
+// Later calls, for the same batch, do nothing.
+func (l *lane) land(answered bool) {
+	if l.landed {
+		return
+	}
+	l.landed = true
+	d := l.d
+	if l.armed {
+		l.timer.Stop()
+	}
+	end := time.Now()
+	refreshLag(end) // kept current for the deadlines (see overrun)
+	d.mu.Lock()
+	l.took = end.Sub(l.start)
+	l.batch, l.busy = nil, false
+	l.wasStalled = l.stalled
+	if d.served {
+		d.observeLocked(l.took, end)
+	}
+	// (The time of the first batch answered, which set up a connection
+	// and most likely loaded the script, says little of the server's
+	// usual pace.)
+	d.served = d.served || answered
+	d.mu.Unlock()
 }
 
 // startLaneLocked starts a lane.
@@ -411,7 +419,7 @@ func (l *lane) run() {
 	defer d.p.wg.Done()
 	for {
 		d.mu.Lock()
-		if len(d.queue) == 0 && d.healthy > d.p.cfg.MaxInFlight && !l.stalled {
+		if len(d.queue) == 0 && d.healthy > d.inFlight && !l.stalled {
 			// An extra lane (see spreadLocked) that is not needed.
 			l.removeLocked()
 			d.healthy--
@@ -444,18 +452,23 @@ func (l *lane) run() {
 		now := time.Now()
 		l.busy, l.start = true, now
 		d.lastUse, d.lastBatch = now, now
+		l.due = time.Time{}
 		if thr > 0 {
 			l.due = now.Add(thr)
 		}
-		d.mu.Unlock()
-		for _, c := range l.batch {
-			c.sent.Store(now.UnixNano())
+		// The lane's timer fires at the stall threshold, and first at
+		// spreadAfter if an extra lane may be owed then (see
+		// spreadLocked); a batch answered sooner stops it unfired.
+		first := thr
+		if d.extra > 0 && (first <= 0 || first > spreadAfter) {
+			first = spreadAfter
 		}
+		d.mu.Unlock()
 		if more {
 			d.cond.Signal() // another lane may take the rest
 		}
-		if thr > 0 {
-			l.timer.Reset(thr)
+		if first > 0 {
+			l.timer.Reset(first)
 		}
 
 		if fn := d.p.cfg.OnBatch; fn != nil {
@@ -463,31 +476,22 @@ func (l *lane) run() {
 				fn(n)
 			}
 		}
-		answered := l.exec(l.batch)
-
-		if thr > 0 {
-			l.timer.Stop()
-		}
-		end := time.Now()
-		d.p.lag(end) // kept current for the deadlines (see overrun)
-		d.mu.Lock()
 		batch := l.batch
-		l.batch, l.busy = nil, false
-		stalled := l.stalled
-		d.observeLocked(end.Sub(now), end)
-		d.mu.Unlock()
-		if stalled && answered {
+		l.armed, l.landed = first > 0, false
+		answered := l.exec(batch)
+		l.land(answered) // unless exec did
+		if l.wasStalled && answered {
 			// The batch was slow, not lost: the server answers.
-			d.answeredLate(end.Sub(now))
+			d.answeredLate(l.took)
 		}
 		for i, c := range batch {
 			c.release()
 			batch[i] = nil
 		}
 		l.spare = batch[:0]
-		if stalled {
+		if l.wasStalled {
 			d.mu.Lock()
-			if d.closed || d.healthy >= d.p.cfg.MaxInFlight {
+			if d.closed || d.healthy >= d.inFlight {
 				// A fresh lane took this one's place.
 				l.removeLocked()
 				d.mu.Unlock()
@@ -525,6 +529,24 @@ func (l *lane) exec(batch []*call) bool {
 	if len(sent) == 0 {
 		return false
 	}
+	client := d.client.Load()
+	var pipe redis.Pipeliner
+	send := d.p.send
+	if send == nil {
+		// (A command keeps the context it is made with, but go-redis
+		// goes by the one it is sent with, Exec's below.)
+		pipe = client.Pipeline()
+		l.group, l.args = d.p.commands(d.p.ctx, pipe, sent, l.group, l.args[:0])
+		defer func() {
+			// The commands are done with: their arguments may be reused.
+			clear(l.args)
+			l.args = l.args[:0]
+		}()
+	}
+	// One reading of the clock, the batch built, stamps its calls sent
+	// and bounds it.
+	now := time.Now()
+	stampSent(sent, now)
 	// The batch may take as long as its most patient caller waits. Clients
 	// that do not honour deadlines on reads still honour them while
 	// dialing, retrying and waiting for a connection.
@@ -532,33 +554,22 @@ func (l *lane) exec(batch []*call) bool {
 	// call.wait).
 	ctx := d.p.ctx
 	if all {
-		client := d.client.Load()
 		if client.Options().ContextTimeoutEnabled {
 			// The deadline also ends the batch's reads: a hung server
 			// keeps the connection no longer than the callers wait.
-			latest = later(latest, time.Now().Add(MaxStallThreshold))
+			latest = later(latest, now.Add(MaxStallThreshold))
 		} else {
 			// It bounds only dials, retries and waits for a
 			// connection, which a late process may take long for.
-			latest = later(latest, time.Now()).Add(maxOverrun)
+			latest = later(latest, now).Add(maxOverrun)
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	if send := d.p.send; send != nil {
-		stampSent(sent)
+	if send != nil {
 		return send(d, ctx, sent)
 	}
-	client := d.client.Load()
-	pipe := client.Pipeline()
-	l.group, l.args = d.p.commands(ctx, pipe, sent, l.group, l.args[:0])
-	defer func() {
-		// The commands are done with: their arguments may be reused.
-		clear(l.args)
-		l.args = l.args[:0]
-	}()
-	stampSent(sent)
 	_, err := pipe.Exec(ctx)
 	if isConnError(err) && d.p.ctx.Err() == nil {
 		d.markDown(err)
@@ -570,18 +581,34 @@ func (l *lane) exec(batch []*call) bool {
 		}
 		return false
 	}
+	answered := err == nil || isRedisError(err)
+	if len(sent) == 1 && !lacksScript(sent) {
+		// A caller alone, answered: the lane is free before it is.
+		l.land(answered)
+	}
 	d.finish(ctx, client, sent)
-	return err == nil || isRedisError(err)
+	return answered
+}
+
+// lacksScript reports whether a call of sent failed because the server
+// lacks its script, which finish then loads and sends it again.
+func lacksScript(sent []*call) bool {
+	for _, c := range sent {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
 }
 
 // stampSent records now as when calls were sent, just before they are
 // written: a PING written after it tells of their replies (see overrun),
 // and one written while a late lane was still building the batch would
 // not, its answer coming before the batch was on its way.
-func stampSent(calls []*call) {
-	now := time.Now().UnixNano()
+func stampSent(calls []*call, now time.Time) {
+	t := now.UnixNano()
 	for _, c := range calls {
-		c.sent.Store(now)
+		c.sent.Store(t)
 	}
 }
 
@@ -721,9 +748,9 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 	return group[:0], args
 }
 
-// tryDirect reports whether call c may be sent by its caller
-// itself, and if so counts it in flight. That is the case when the
-// destination is idle (up, with nothing queued or in flight), so that
+// directLocked reports whether a call may be sent by its caller itself
+// at now (see submit, which counts it in flight). That is the case when
+// the destination is idle (up, with nothing queued or in flight), so that
 // there is nothing to batch the call with: sending it from the caller's
 // goroutine saves handing it to a lane and the reply back, which on an
 // idle machine is most of the latency that the pipeline adds to a round
@@ -731,47 +758,37 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 // client that does not honour context deadlines, the caller's deadline
 // must leave room for that twice (a write and a read), and without
 // directTimeout (stall detection off) only callers without a deadline
-// may call directly. Nor is a call direct while the destination's recent
-// slowest batch took more than half of directTimeout.
-func (d *dest) tryDirect(c *call) (time.Time, bool) {
+// may call directly (submit checks both). Nor is a call direct while the
+// destination's recent slowest batch took more than half of
+// directTimeout; nor before the server has answered a batch of the
+// client's: the first call sets up a connection (a dial, HELLO) and, the
+// server lacking the script, loads it, round trips on top of its own
+// that directTimeout, meant for one, does not leave room for on a busy
+// machine, while a lane waits for them as long as the server answers.
+// d.mu must be held.
+func (d *dest) directLocked(now time.Time) bool {
 	p := d.p
-	if p.noDirect || p.send != nil {
-		return time.Time{}, false
-	}
-	now := time.Now()
-	if c.hasDeadline && !d.client.Load().Options().ContextTimeoutEnabled {
-		if p.directTimeout <= 0 || c.deadline.Sub(now) < 2*p.directTimeout {
-			return time.Time{}, false
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed || d.state != up || d.directs > 0 || len(d.queue) > 0 {
-		return time.Time{}, false
+	if !d.served || d.state != up || d.directs > 0 || len(d.queue) > 0 {
+		return false
 	}
 	if p.directTimeout > 0 && 2*d.peak > p.directTimeout {
 		// The server's recent round trips leave a direct call too little
 		// room: one that times out loses its reply with its connection.
-		return time.Time{}, false
+		return false
 	}
 	for _, l := range d.lanes {
 		if l.busy {
-			return time.Time{}, false
+			return false
 		}
 	}
-	if now.Sub(d.lateAt) < lateFor || p.busy(now) {
-		// This process is short of CPU, or was late to read replies
-		// lately: a direct call that times out for that loses its reply,
-		// while a lane's batch waits for it as long as the server
-		// answers.
-		return time.Time{}, false
-	}
-	d.directs++
-	d.lastUse = now
-	return now, true
+	// Nor while this process is short of CPU, or was late to read
+	// replies lately: a direct call that times out for that loses its
+	// reply, while a lane's batch waits for it as long as the server
+	// answers.
+	return now.Sub(d.lateAt) >= lateFor && !p.busy(now)
 }
 
-// runDirect sends c, for which tryDirect said yes at start, from the
+// runDirect sends c, for which submit said direct at start, from the
 // caller's goroutine and returns its outcome. Calls that arrive meanwhile
 // queue for the lanes. A connection error or a read that stalls marks the
 // destination down, as from a lane.
@@ -779,7 +796,7 @@ func (d *dest) runDirect(ctx context.Context, c *call, start time.Time) (any, er
 	// A direct call ends within its caller's deadline, and within
 	// directTimeout, as a stalled batch would.
 	// bounded is set when the call ends at directTimeout rather than at
-	// the caller's deadline: always through the clone (tryDirect left
+	// the caller's deadline: always through the clone (submit left
 	// room for it), and when the deadline is further away otherwise.
 	client, run := d.clone.Load(), ctx
 	bounded := client != nil

@@ -97,11 +97,13 @@ func (d *dest) stallWaitLocked() time.Duration {
 	return w
 }
 
-// onTimer runs when the lane's batch may have reached its stall threshold.
-// The destination is marked down only if its server does not answer a
-// verification either (see verify.go), and slow if it answers later than
-// the slow round trip; if it answers in time, the batches outstanding are
-// late, not lost, and get another stall threshold.
+// onTimer runs when the lane's batch has been out for spreadAfter, when
+// calls that wait may be owed an extra lane (see spreadLocked), or may
+// have reached its stall threshold. The destination is marked down only
+// if its server does not answer a verification either (see verify.go),
+// and slow if it answers later than the slow round trip; if it answers in
+// time, the batches outstanding are late, not lost, and get another stall
+// threshold.
 func (l *lane) onTimer() {
 	d := l.d
 	d.mu.Lock()
@@ -110,9 +112,23 @@ func (l *lane) onTimer() {
 		return
 	}
 	now := time.Now()
-	if wait := l.due.Sub(now); wait > 0 {
-		// The timer was armed for an earlier batch, or the batch was
-		// given more time.
+	d.spreadLocked(now)
+	// The timer fires again at the batch's spreadAfter, if that is still
+	// to come (a firing meant for an earlier batch came late), and at its
+	// stall threshold.
+	next := l.due
+	if s := l.start.Add(spreadAfter); d.extra > 0 && s.After(now) && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if next.IsZero() {
+		// Stalls are not detected.
+		d.mu.Unlock()
+		return
+	}
+	if wait := next.Sub(now); wait > 0 {
+		// Not yet due: the batch is only spreadAfter old, or the timer
+		// was armed for an earlier batch, or the batch was given more
+		// time.
 		d.mu.Unlock()
 		l.timer.Reset(wait)
 		return
@@ -358,7 +374,7 @@ func (d *dest) setState(to health, trip time.Duration, cause error) {
 			}
 		}
 	}
-	for d.healthy < d.p.cfg.MaxInFlight && stalled < maxStalledFactor*d.p.cfg.MaxInFlight {
+	for d.healthy < d.inFlight && stalled < maxStalledFactor*d.inFlight {
 		d.startLaneLocked()
 	}
 	if !d.probing {

@@ -187,9 +187,10 @@ func (h *pipeCounter) stats() (pipes, cmds, largest int) {
 	return len(h.sizes), cmds, largest
 }
 
+// reset forgets the pipelines and commands counted so far.
 func (h *pipeCounter) reset() {
 	h.mu.Lock()
-	h.sizes, h.single = nil, 0
+	h.sizes, h.single, h.alone = nil, 0, 0
 	h.mu.Unlock()
 }
 

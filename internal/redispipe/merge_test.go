@@ -183,7 +183,8 @@ func TestRunDirect(t *testing.T) {
 // TestDirectCalls checks that calls to an idle server are sent by their
 // callers, not handed to a lane (go-redis then sees a command on its own,
 // not a pipeline), and not when the caller's deadline is too close for a
-// client that ignores deadlines.
+// client that ignores deadlines; the first call, which sets up a
+// connection and loads the script, goes to a lane.
 func TestDirectCalls(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
@@ -214,6 +215,14 @@ func TestDirectCalls(t *testing.T) {
 			// Other tests may keep this process short of CPU, which
 			// would turn direct calls off.
 			p.busy = func(time.Time) bool { return false }
+			if _, err := p.Run(ctx, batchDecide, []string{key}, decideArgs...); err != nil {
+				t.Fatal(err)
+			}
+			if _, cmds, _ := h.stats(); h.alone != 0 || cmds == 0 {
+				// (Twice in pipelines if the server lacked the script.)
+				t.Fatalf("the first call: %d sent alone, %d in pipelines; want it in a pipeline", h.alone, cmds)
+			}
+			h.reset()
 			const n = 20
 			for i := 0; i < n; i++ {
 				cx, cancel := ctx, context.CancelFunc(func() {})

@@ -33,7 +33,10 @@
 // A call for a destination that is idle (up, nothing queued, no batch in
 // flight) is sent by its caller itself, saving the hand-off to a lane and
 // back, which is most of what the pipeline would add to the round trip of
-// one call at a time. A direct call gives up after the stall threshold
+// one call at a time; but not before the destination's server has
+// answered a batch: the first call sets up a connection and loads the
+// script, round trips that a lane waits for as long as the server
+// answers. A direct call gives up after the stall threshold
 // (MaxStallThreshold when it is adaptive) and marks the destination down
 // unless the server answers a PING, as a lane does, whatever the client's
 // ReadTimeout, with a context deadline that also bounds go-redis's dials
@@ -119,11 +122,20 @@
 // extra lane (up to 4 beyond MaxInFlight) takes the calls that wait: with
 // a server whose round trip is long, lanes tend to leave together, and a
 // call that just missed them would wait for a whole round trip before its
-// own. With Config.Bound, each destination keeps connections ready in the
-// client's pool for its lanes, extra ones included (as many overlapping
-// WAITs of 20 ms through a clone of the client, at creation and every ten
-// minutes, each holding a connection): a new connection takes a round
-// trip or two to set up.
+// own. A destination has no more lanes than the client's pool has
+// connections for (PoolSize): MaxInFlight at most PoolSize, the extra
+// ones what is left beside them and a direct call; a lane without a
+// connection would only wait for one with calls it took from the queue.
+// With Config.Bound, each destination keeps connections ready in the
+// client's pool for its lanes, extra ones included, as many as the pool
+// can spare beside the regular lanes and a direct call (none with a pool
+// of MaxInFlight+1 connections or fewer): at creation and every ten
+// minutes, it takes them from the pool one after the other, each through
+// a redis.Conn of its own (a clone's) with a PING, and gives them all
+// back, so that a connection is held for the PINGs (a dial or a round
+// trip each) of the others, not for a wait of the server's. A new
+// connection takes a round trip or two to set up, which a call waiting
+// for an extra lane would wait for on top of its own.
 package redispipe
 
 import (
@@ -188,9 +200,11 @@ type Config struct {
 	// one pipeline. Zero means DefaultMaxBatch.
 	MaxBatch int
 	// MaxInFlight is the number of batches that may be outstanding to one
-	// destination at once; each is a worker goroutine and a connection.
-	// Zero means DefaultMaxInFlight for a *redis.Client and
-	// DefaultMaxInFlightPerNode for a *redis.ClusterClient or *redis.Ring.
+	// destination at once; each is a worker goroutine and a connection,
+	// so a destination whose client's pool is smaller (Options.PoolSize)
+	// has as many as the pool has connections. Zero means
+	// DefaultMaxInFlight for a *redis.Client and DefaultMaxInFlightPerNode
+	// for a *redis.ClusterClient or *redis.Ring.
 	MaxInFlight int
 	// StallThreshold is how long a batch may be outstanding before its
 	// destination is marked down. Zero means adaptive: MinStallThreshold
@@ -268,7 +282,7 @@ type Pipeliner struct {
 	// whether the server answered; the benchmarks of alternatives set it,
 	// which also turns direct calls off.
 	send func(d *dest, ctx context.Context, sent []*call) bool
-	// noDirect turns direct calls off (see tryDirect).
+	// noDirect turns direct calls off (see directLocked).
 	noDirect bool
 	// busy reports whether this process is short of CPU (processBusy;
 	// tests of direct calls replace it), and lag how late its goroutines
@@ -406,13 +420,14 @@ func (p *Pipeliner) run(ctx context.Context, deadline time.Time, quiet bool, scr
 	if p.kind == kindCluster {
 		c.slot = Slot(keys[0])
 	}
-	if start, ok := d.tryDirect(c); ok {
-		return d.runDirect(ctx, c, start)
-	}
-	if err := d.enqueue(c); err != nil {
+	start, direct, err := d.submit(c)
+	switch {
+	case err != nil:
 		c.release()
 		c.release()
 		return nil, err
+	case direct:
+		return d.runDirect(ctx, c, start)
 	}
 	return c.wait(ctx)
 }

@@ -50,7 +50,7 @@ const (
 	watchDialTimeout   = 100 * time.Millisecond
 	prepareDialTimeout = time.Second
 	// lateFor is how long direct calls stay off after this process was
-	// seen late to read replies (see tryDirect): a direct call that times
+	// seen late to read replies (see directLocked): a direct call that times
 	// out loses its reply with its connection.
 	lateFor = 2 * time.Second
 )

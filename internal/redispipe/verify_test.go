@@ -192,24 +192,35 @@ func awaitWatch(t *testing.T, p *Pipeliner) {
 	}
 }
 
-// TestDirectCallRefused makes a first call, direct, to a server that
-// refuses connections: go-redis dials five times, 100 ms apart, unless a
-// context deadline stops it, and the call must not wait for that.
+// TestDirectCallRefused makes calls to a server that refuses
+// connections: go-redis dials five times, 100 ms apart, unless a context
+// deadline stops it, and no call must wait for that. One is a direct
+// call, its destination having answered a call before the server was
+// killed (go-redis finds the pooled connection closed and dials again);
+// the other is a destination's first call, which goes to a lane (see
+// directLocked).
 func TestDirectCallRefused(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
 	key := srv.Prefix(t) + "refused"
-	var log stateLog
-	p := newPipeliner(t, srv.Client(t, nil), Config{OnStateChange: log.record})
-	p.busy = func(time.Time) bool { return false }
+	served := newPipeliner(t, srv.Client(t, nil), Config{})
+	served.busy = func(time.Time) bool { return false }
+	warm(t, served, key)
+	first := newPipeliner(t, srv.Client(t, nil), Config{})
+	first.busy = func(time.Time) bool { return false }
 	srv.Kill()
-	start := time.Now()
-	_, err := p.RunBy(context.Background(), start.Add(time.Second), batchDecide, []string{key}, decideArgs...)
-	took := time.Since(start)
-	if !errors.Is(err, ErrUnavailable) {
-		t.Errorf("a call to a killed server: %v, want ErrUnavailable", err)
-	}
-	if took > MaxStallThreshold+verifyWait+slowCall {
-		t.Errorf("a call to a killed server took %v, want at most %v", took, MaxStallThreshold+verifyWait+slowCall)
+	for _, c := range []struct {
+		name string
+		p    *Pipeliner
+	}{{"a direct call", served}, {"a first call", first}} {
+		start := time.Now()
+		_, err := c.p.RunBy(context.Background(), start.Add(time.Second), batchDecide, []string{key}, decideArgs...)
+		took := time.Since(start)
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s to a killed server: %v, want ErrUnavailable", c.name, err)
+		}
+		if took > MaxStallThreshold+verifyWait+slowCall {
+			t.Errorf("%s to a killed server took %v, want at most %v", c.name, took, MaxStallThreshold+verifyWait+slowCall)
+		}
 	}
 }
