@@ -159,11 +159,16 @@ type Overrides[V any] struct {
 	mu sync.RWMutex
 	n  atomic.Int64 // len(m), read without the lock
 	m  map[ID]*Entry[V]
+	// Others counts the entries of another table that callers look up
+	// with this one's (limits learned of an upstream): Len includes them,
+	// so that a caller that skips the lookup when Len is 0 does not skip
+	// those.
+	Others atomic.Int64
 }
 
 // Len is how many overrides the table holds, ended ones included until
-// they are dropped; it takes no lock.
-func (t *Overrides[V]) Len() int { return int(t.n.Load()) }
+// they are dropped, and Others; it takes no lock.
+func (t *Overrides[V]) Len() int { return int(t.n.Load() + t.Others.Load()) }
 
 // Get returns the entry of id, nil if there is none; whether it is still
 // in force is for the caller to ask (Entry.Live).
