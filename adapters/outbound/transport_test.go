@@ -140,6 +140,7 @@ func TestWaitInOrder(t *testing.T) {
 		},
 	}))
 	c := newClient(t, lim, outbound.Options{})
+	tr := c.Transport.(*outbound.Transport)
 	const n = 6
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -152,7 +153,10 @@ func TestWaitInOrder(t *testing.T) {
 				errs <- err
 			}
 		}()
-		time.Sleep(10 * time.Millisecond) // each starts waiting before the next comes
+		// Each is sent or waits before the next comes.
+		for deadline := time.Now().Add(10 * time.Second); tr.Waiting()+len(up.got()) < i+1 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	wg.Wait()
 	close(errs)
