@@ -71,6 +71,10 @@ type Learned struct {
 	// Limits are the limits in force now: Configured (the rule's, or the
 	// client's override), each lowered to what was learned.
 	Limits, Configured []Limit
+	// Pace is the token bucket that spends a lowered budget of requests
+	// evenly, beside Limits (see Learn); the zero Limit when there is
+	// none.
+	Pace Limit
 	// Quotas are the quotas the upstream last announced (none when it
 	// announced none for a minute), and Margins the units kept below
 	// each.
@@ -523,11 +527,21 @@ func quotaBound(quotas []Quota, span time.Duration) int64 {
 	return b
 }
 
+// rateSpan is the time over which a limit admits its Requests at its
+// steady rate: its Window (the refill of a token or leaky bucket, not the
+// time its burst takes), or a calendar period's nominal length.
+func rateSpan(l Limit) time.Duration {
+	if l.Window > 0 {
+		return l.Window
+	}
+	return l.Span()
+}
+
 // shortestSpan is the shortest span of limits.
 func shortestSpan(limits []Limit) time.Duration {
 	var s time.Duration
 	for _, l := range limits {
-		if d := l.Span(); s == 0 || d < s {
+		if d := rateSpan(l); s == 0 || d < s {
 			s = d
 		}
 	}
@@ -546,7 +560,7 @@ func (v *learnedView) lowered(configured []Limit, now time.Time, floor int, ns [
 		ceiling := int64(c.Requests)
 		if quota {
 			for i, q := range v.quotas {
-				ceiling = min(ceiling, learn.Bound(q.Units, q.Window, c.Span(), v.margins[i]))
+				ceiling = min(ceiling, learn.Bound(q.Units, q.Window, rateSpan(c), v.margins[i]))
 			}
 		}
 		n := int(min(learn.Limit(ceiling, f), int64(c.Requests)))
@@ -586,16 +600,58 @@ func (l *Limiter) learnedLimits(rule *compiledRule, key string, base *compiledLi
 	if c := b.compiled.Load(); c != nil && c.rule == rule && c.base == base && slices.Equal(c.ns, ns) {
 		return c.cl
 	}
-	limits := make([]Limit, len(configured))
+	limits := make([]Limit, len(configured), len(configured)+1)
 	for i, c := range configured {
 		limits[i] = lowerTo(c, ns[i])
 	}
+	if p, ok := pacer(rule, limits); ok {
+		limits = append(limits, p)
+	}
 	cl := compileLimits(rule, limits)
 	if cl.err != nil {
+		l.cfg.report(nil, fmt.Errorf("sluice: learned limits of rule %q: %w", rule.Name, cl.err))
 		return nil
 	}
 	b.compiled.Store(&learnedCompiled{rule: rule, base: base, ns: slices.Clone(ns), cl: cl})
 	return cl
+}
+
+// pacer returns the limit that spends a learned budget evenly: a token
+// bucket at the rate of the learned limit of the shortest window (k × its
+// Requests per k × its window, k the least from 2 whose window no other
+// limit has), whose burst is 2% of that limit (at least 2, and the rule's
+// Cost). A window spent in a burst, after a pause or when the budget
+// rises, is counted by a sliding-window counter as if spread over the
+// window: an upstream that counts exactly would see more than the limit
+// in the next one. A rule with a CostFunc has none (its costs are not
+// known in advance, and a burst below one of them would never admit it).
+func pacer(rule *compiledRule, limits []Limit) (Limit, bool) {
+	if rule.CostFunc != nil || len(limits) == 0 {
+		return Limit{}, false
+	}
+	short := 0
+	for i, l := range limits {
+		if rateSpan(l) < rateSpan(limits[short]) {
+			short = i
+		}
+	}
+	l := limits[short]
+	w := rateSpan(l)
+	if w <= 0 || l.Algorithm == LeakyBucket {
+		return Limit{}, false // a leaky bucket spaces its requests already
+	}
+	burst := max(2, (l.Requests+49)/50, rule.Cost)
+	for k := 2; k < 10; k++ {
+		p := Limit{Requests: k * l.Requests, Window: time.Duration(k) * w}.TokenBucket(burst)
+		if p.Validate() != nil {
+			return Limit{}, false
+		}
+		name := windowName(p)
+		if !slices.ContainsFunc(limits, func(o Limit) bool { return windowName(o) == name }) {
+			return p, true
+		}
+	}
+	return Limit{}, false
 }
 
 // learnedUsage returns the usage limits of u for key as learned, or nil
@@ -646,10 +702,13 @@ func (l *Limiter) learnedOf(id learnedID, b *learnedBudget, v *learnedView, rule
 		out.Unit = rule.usage.Unit
 		floor = rule.usage.max
 	}
-	ns, _ := v.lowered(configured, now, floor, nil)
+	ns, low := v.lowered(configured, now, floor, nil)
 	out.Limits = make([]Limit, len(configured))
 	for i, c := range configured {
 		out.Limits[i] = lowerTo(c, ns[i])
+	}
+	if low && !id.usage {
+		out.Pace, _ = pacer(rule, out.Limits)
 	}
 	if len(v.quotas) > 0 && now.Before(v.quotaTill) {
 		out.Quotas, out.Margins = slices.Clone(v.quotas), slices.Clone(v.margins)

@@ -1,8 +1,14 @@
 package middleware_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -328,5 +334,70 @@ func TestLearnErrors(t *testing.T) {
 	}
 	if len(lim.Learned()) != 0 || len(dyn.Learned()) != 0 {
 		t.Error("a refused evidence left a budget")
+	}
+}
+
+// TestLogCut: LogObserver logs a cut of a learned limit, at most once a
+// second per rule.
+func TestLogCut(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	o := middleware.NewLogObserver(slog.New(slog.NewTextHandler(&buf, nil)))
+	for range 3 {
+		o.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundCut, Rule: "up", Unit: "requests", Units: 48, Limit: 100})
+	}
+	out := buf.String()
+	if strings.Count(out, "learned limit cut") != 1 || !strings.Contains(out, "rule=up") || !strings.Contains(out, "limit=48") || !strings.Contains(out, "of=100") {
+		t.Errorf("logged %q; want one line of the cut to 48 of 100", out)
+	}
+}
+
+// TestAdminLearned: GET /overrides lists the budgets learned of upstreams
+// beside the overrides, for the operator page.
+func TestAdminLearned(t *testing.T) {
+	t.Parallel()
+	clk := testclock.New(learnT0)
+	lim, _ := learnLimiter(t, "memory", clk, middleware.Rule{Limits: []middleware.Limit{middleware.PerSecond(100)}})
+	ctx := context.Background()
+	clk.Add(3 * time.Second)
+	for _, e := range []middleware.Evidence{
+		{Rule: "up", Key: "host:api.example", Quotas: []middleware.Quota{{Units: 50, Window: time.Second}}},
+		{Rule: "up", Key: "host:api.example", Quotas: []middleware.Quota{{Units: 50, Window: time.Second}}, Refused: true, Admitted: clk.Now().Add(5 * time.Second)},
+	} {
+		if _, err := lim.Learn(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := middleware.AdminHandler(lim, middleware.AdminConfig{Authorize: func(*http.Request) bool { return true }})
+	rr := httptest.NewRecorder()
+	admin.ServeHTTP(rr, httptest.NewRequest("GET", "/overrides", nil))
+	var out struct {
+		Overrides []any `json:"overrides"`
+		Learned   []struct {
+			Rule, Key, Unit string
+			Limits          []struct{ Requests int }
+			Configured      []struct{ Requests int }
+			Pace            *struct{ Requests, Burst int }
+			Quotas          []struct {
+				Units  int64
+				Window string
+				Margin int64
+			}
+			Fraction float64
+			Cuts     int64
+			CutAt    string `json:"cut_at"`
+		}
+	}
+	if err := json.Unmarshal(rr.Body.Bytes(), &out); err != nil || rr.Code != 200 {
+		t.Fatalf("GET /overrides: %d %s %v", rr.Code, rr.Body, err)
+	}
+	if len(out.Overrides) != 0 || len(out.Learned) != 1 {
+		t.Fatalf("GET /overrides: %s", rr.Body)
+	}
+	l := out.Learned[0]
+	if l.Rule != "up" || l.Key != "host:api.example" || l.Unit != "requests" || l.Limits[0].Requests != 48 || l.Configured[0].Requests != 100 ||
+		len(l.Quotas) != 1 || l.Quotas[0].Units != 50 || l.Quotas[0].Window != "1s" || l.Quotas[0].Margin != 1 || l.Fraction != 0.98 || l.Cuts != 1 ||
+		l.CutAt == "" || l.Pace == nil || l.Pace.Requests != 96 || l.Pace.Burst != 2 {
+		t.Errorf("learned %+v; want 48 of 100, paced 96 per 2s, the quota of 50 less 1, one cut", l)
 	}
 }

@@ -98,9 +98,9 @@ func (l *Limiter) ReportOutbound(e OutboundEvent) {
 	}
 }
 
-// Outbound logs, at Info, pauses (at most once a second per rule, with
-// how many were not logged), and at Warn requests refused by an upstream
-// (likewise).
+// Outbound logs, at Info, pauses and cuts of a learned limit (at most
+// once a second per rule, with how many were not logged), and at Warn
+// requests refused by an upstream (likewise).
 func (o *LogObserver) Outbound(e OutboundEvent) {
 	ctx := context.Background()
 	switch e.Kind {
@@ -108,6 +108,11 @@ func (o *LogObserver) Outbound(e OutboundEvent) {
 		if n, ok := o.errs.allow("outbound-paused:" + e.Rule); ok {
 			o.log.LogAttrs(ctx, slog.LevelInfo, "sluice: upstream asked to wait: outgoing requests paused",
 				slog.String("rule", e.Rule), slog.Duration("pause", e.Duration), slog.Int("not_logged", n))
+		}
+	case OutboundCut:
+		if n, ok := o.errs.allow("outbound-cut:" + e.Rule); ok {
+			o.log.LogAttrs(ctx, slog.LevelInfo, "sluice: upstream refused a request the budget had room for: learned limit cut",
+				slog.String("rule", e.Rule), slog.String("unit", e.Unit), slog.Int("limit", e.Units), slog.Int("of", e.Limit), slog.Int("not_logged", n))
 		}
 	case OutboundRefused:
 		if n, ok := o.errs.allow("outbound-refused:" + e.Rule); ok {

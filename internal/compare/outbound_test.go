@@ -277,8 +277,12 @@ func TestOutboundClient(t *testing.T) {
 		if v, err := strconv.Atoi(os.Getenv("SLUICE_OUTBOUND_CONFIGURED")); err == nil {
 			configured = v
 		}
+		limits := []middleware.Limit{middleware.PerSecond(configured)}
+		if os.Getenv("SLUICE_OUTBOUND_PACER") != "" {
+			limits = append(limits, middleware.Limit{Requests: 2 * configured, Window: 2 * time.Second}.TokenBucket(2))
+		}
 		lim, err := middleware.NewRules([]middleware.Rule{{Name: "upstream", Key: outbound.Host(),
-			Limits: []middleware.Limit{middleware.PerSecond(configured)}, Sync: mode}},
+			Limits: limits, Sync: mode}},
 			middleware.WithStore(store), middleware.WithPauses(), middleware.WithFailurePolicy(middleware.FailClosed), middleware.WithObserver(&middleware.Hooks{
 				OnOutbound: func(e middleware.OutboundEvent) {
 					switch e.Kind {
