@@ -152,6 +152,8 @@ type clientStats struct {
 	FailedOpen int
 	Errors     int
 	FirstError string
+	// StoreError is the first failure the store reported, for the log.
+	StoreError string
 }
 
 func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc outboundScenario, cfg upstreamtest.Config) {
@@ -210,6 +212,9 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 		if total.FirstError == "" {
 			total.FirstError = st.FirstError
 		}
+		if total.StoreError == "" {
+			total.StoreError = st.StoreError
+		}
 	}
 	b.StopTimer()
 	if total.Errors > 0 {
@@ -232,8 +237,8 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 		from, to := time.Duration(s)*time.Second, time.Duration(s+1)*time.Second
 		perSec = append(perSec, fmt.Sprintf("%d/%d", rec.Admitted(from, to), rec.Refused(from, to)))
 	}
-	b.Logf("%s: per second admitted/refused %v; clients sent %d, not sent %d, saw %d refused, %d pauses, %d lowered, %d failed open (%s)",
-		client, perSec, total.Sent, total.NotSent, total.Refused, total.Pauses, total.Lowered, total.FailedOpen, total.FirstError)
+	b.Logf("%s: per second admitted/refused %v; clients sent %d, not sent %d, saw %d refused, %d pauses, %d lowered, %d failed open (the store's first failure: %s)",
+		client, perSec, total.Sent, total.NotSent, total.Refused, total.Pauses, total.Lowered, total.FailedOpen, total.StoreError)
 }
 
 // TestOutboundClient is a client process of BenchmarkOutbound: run with
@@ -299,8 +304,8 @@ func TestOutboundClient(t *testing.T) {
 				},
 				OnStoreFailed: func(_ keyfunc.Request, err error) {
 					mu.Lock()
-					if st.FirstError == "" {
-						st.FirstError = "store: " + err.Error()
+					if st.StoreError == "" {
+						st.StoreError = err.Error()
 					}
 					mu.Unlock()
 				}}))

@@ -9,35 +9,37 @@
 //
 // where the ceiling is the configured limit, or the quota the upstream
 // announces scaled to the limit's window less a margin for the spread
-// between admission and arrival (Bound, Margin), whichever is lower; and
-// f(t) in (0, 1] is the learned fraction (State), shared by the fleet,
-// which only refusals lower:
+// between admission and arrival (Bound, Margin, Spread, Windows),
+// whichever is lower; and f(t) in (0, 1] is the learned fraction (State),
+// shared by the fleet, which only refusals lower:
 //
 //   - A refusal of a request admitted at least one time unit τ (Tau: the
-//     limit's window, between 1 s and 1 min) after the last cut is
-//     evidence that the budget is too generous: f falls to Beta × m,
-//     where m = f × (1 − s) estimates what the upstream accepts (s is the
-//     share of the requests it refused lately), and then recovers along
-//     a cubic curve, as the AWS SDKs' adaptive retry mode (CUBIC) does:
-//     concave up to Target = m × (1 − Back), which it reaches
-//     K = ∛((Target − Level)/Fast) time units after the cut, then convex,
-//     slowly (Slow), probing for more, never above 1.
-//   - A refusal of a request admitted earlier is not counted: it was
-//     admitted under the budget before the last cut, or while the
-//     upstream's window still held what was sent before it.
+//     limit's window, between 1 s and 1 min) after the last cut counts
+//     (Commit): one admitted earlier was admitted under the budget before
+//     the cut, or while the upstream's window still held what was sent
+//     before it.
+//   - With a quota announced, a counted refusal tells of the margin, not
+//     of the limit: f falls by Back (2%), with no dip. Without one, f
+//     falls to Beta × m, where m = f × (1 − s) estimates what the upstream
+//     accepts (s is the share of the requests it refused lately), as the
+//     AWS SDKs' adaptive retry mode (CUBIC) does.
+//   - f then recovers along a cubic curve: concave up to the target
+//     m × (1 − Back), which it reaches K = ∛((Target − Level)/Fast) time
+//     units after the cut (K ≤ 1.7 τ), then convex, slowly (Slow: 2% more
+//     after 20 τ, 10% after 34 τ), probing for more, never above 1.
 //
 // Convergence. Against an upstream whose real limit is a fraction r of
-// the ceiling, the budget goes below r at the first cut (m ≈ r when the
-// share s was measured over requests sent at f), and is back at
-// 0.98 r after K = ∛((0.98 − 0.7) r / 0.06) τ ≤ 1.7 τ; it then probes
-// above r after a further ∛(0.02 r / Slow) τ ≈ 20 ∛r τ (16 τ at r = ½), and
-// is cut again. The refusals it costs: those of the requests sent before
-// the first cut took effect (what the fleet sends above r in one τ, plus
-// the requests in flight), then about one episode per ≈ 20 τ, each at
-// most the requests in flight when it is noticed. With a quota the
-// upstream announces, the ceiling is known and f stays at 1: only an
-// error of the margin costs refusals, each followed by a cut and a
-// recovery to 2% below the level refused.
+// the ceiling and that announces nothing, the first counted refusal
+// takes f to Beta × r (m ≈ r when the share s was measured over requests
+// sent at f); f is back at 0.98 r after K = ∛((0.98 − 0.7) r / 0.06) τ
+// ≤ 1.7 τ, and probes above r again ∛(0.02 r / Slow) τ ≈ 20 ∛r τ after
+// that (16 τ at r = ½), when it is cut again. The refusals it costs: what
+// the fleet sends above r until the first counted refusal (at most a
+// time unit, plus the requests in flight), then one episode per
+// K + 20 ∛r τ, each of the requests in flight when it is noticed.
+// TestConverge checks these times. With a quota announced, the ceiling
+// is known and f stays 1: only an error of the margin costs refusals,
+// each episode 2% of the budget for 20 τ.
 package learn
 
 import (

@@ -141,8 +141,8 @@ func TestMargin(t *testing.T) {
 	}
 }
 
-// TestSpread: the 90th percentile of the last 64 durations less the
-// least; nothing from fewer than 8.
+// TestSpread: the longest of the last 128 durations less the shortest;
+// nothing from fewer than 8.
 func TestSpread(t *testing.T) {
 	t.Parallel()
 	var s Spread
@@ -159,24 +159,24 @@ func TestSpread(t *testing.T) {
 	if v := s.Value(); v != 9*time.Millisecond {
 		t.Errorf("1 to 10 ms: %s, want 9ms", v)
 	}
-	// One late answer in 64 is left out; seven are not.
-	s = Spread{}
-	for range 63 {
+	// One late answer counts, until 128 later ones push it out.
+	s.Add(time.Second)
+	if v := s.Value(); v != time.Second-time.Millisecond {
+		t.Errorf("a late answer: %s, want 999ms", v)
+	}
+	for range 127 {
 		s.Add(2 * time.Millisecond)
 	}
-	s.Add(time.Second)
-	if v := s.Value(); v != 0 {
-		t.Errorf("one late answer: %s, want 0", v)
-	}
-	for range 7 {
-		s.Add(time.Second)
-	}
 	if v := s.Value(); v != time.Second-2*time.Millisecond {
-		t.Errorf("eight late answers: %s, want 998ms", v)
+		t.Errorf("127 answers after the late one: %s, want 998ms", v)
+	}
+	s.Add(2 * time.Millisecond)
+	if v := s.Value(); v != 0 {
+		t.Errorf("128 answers after the late one: %s, want 0", v)
 	}
 	s.Add(-time.Second) // a clock that went back counts as 0
-	if v := s.Value(); v != time.Second {
-		t.Errorf("with a negative duration: %s, want 1s", v)
+	if v := s.Value(); v != 2*time.Millisecond {
+		t.Errorf("with a negative duration: %s, want 2ms", v)
 	}
 }
 
