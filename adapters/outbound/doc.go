@@ -120,9 +120,10 @@
 // never above the limits in force, so that no field can raise it:
 //
 //   - the margin is 1 + q × s / w units (rounded, at most a quarter of
-//     q), s the spread of the recent answers' durations (the longest of
-//     the last 128 less the shortest): the upstream counts a request when
-//     it arrives, the budget when it admits it (Options.Margin sets it);
+//     q), s the spread of the recent answers' durations (the 90th
+//     percentile of the last 128 less the least): the upstream counts a
+//     request when it arrives, the budget when it admits it
+//     (Options.Margin sets it);
 //   - a lowered budget is spent evenly: a token bucket at its rate, with a
 //     burst of 2% (at least 2), beside its limits;
 //   - f, shared by the fleet in the store, is 1 until a refusal of a
