@@ -45,7 +45,10 @@ import (
 //   - matched: the upstream's limit is the clients' 100 a second;
 //   - half: it is 50 a second, which the clients are not told (but by the
 //     upstream's fields);
-//   - change: it is 100 a second, 50 from 10 s, 100 again from 20 s.
+//   - change: it is 100 a second, 50 from 10 s, 100 again from 20 s;
+//   - hostile: it admits 1,000 a second and announces so, and at 5 s
+//     refuses once with a Retry-After of ten years; the clients' MaxPause
+//     is 2 s (sluice clients only).
 //
 // The clients:
 //
@@ -62,8 +65,10 @@ import (
 // upstream's admissions, of its capacity), refused/10s, refused (the
 // whole run), follow-s (matched and half: how long from the start until
 // the fleet sent at the upstream's rate, upstreamtest.Record.Follow),
-// down-s and up-s (change: the same from 10 s and from 20 s), pauses and
-// not-sent (the clients' own counts).
+// down-s and up-s (change: the same from 10 s and from 20 s), most/s and
+// gap-s (hostile: the most the fleet sent in any second, the longest it
+// sent nothing after the refusal), learned-max (hostile: the highest limit
+// any client learned), pauses and not-sent (the clients' own counts).
 //
 //	go test -run '^$' -bench BenchmarkOutbound -benchtime 1x -count 1 -timeout 60m
 //
@@ -80,6 +85,9 @@ func BenchmarkOutbound(b *testing.B) {
 		for _, counting := range []upstreamtest.Counting{upstreamtest.Log, upstreamtest.Fixed} {
 			for _, fields := range []upstreamtest.Fields{upstreamtest.Draft10, upstreamtest.GitHub, upstreamtest.OpenAI} {
 				for _, client := range clients {
+					if sc.hostile && !strings.HasPrefix(client, "sluice-") {
+						continue // the measure of the transport as it is
+					}
 					b.Run(sc.name+"/"+counting.String()+"-"+fields.String()+"/"+client, func(b *testing.B) {
 						bin := os.Args[0]
 						if strings.HasPrefix(client, "old-") {
@@ -89,7 +97,12 @@ func BenchmarkOutbound(b *testing.B) {
 							client = "sluice-" + strings.TrimPrefix(client, "old-")
 						}
 						for range b.N {
-							runOutbound(b, srv, bin, client, sc, upstreamtest.Config{Counting: counting, Fields: fields, Limit: sc.limit})
+							cfg := upstreamtest.Config{Counting: counting, Fields: fields, Limit: sc.limit}
+							if sc.hostile {
+								cfg.Announced = upstreamtest.Constant(10 * outboundConfigured)
+								cfg.HostileAt, cfg.HostileRetryAfter = 5*time.Second, "315360000"
+							}
+							runOutbound(b, srv, bin, client, sc, cfg)
 						}
 					})
 				}
@@ -106,6 +119,10 @@ type outboundScenario struct {
 	secs   int
 	limit  func(time.Duration) int
 	phases []outboundPhase
+	// hostile: the upstream announces 10 times the clients' limit and, at
+	// 5 s, refuses once with a Retry-After of ten years; the clients'
+	// MaxPause is 2 s.
+	hostile bool
 }
 
 // outboundPhase is a time during which the upstream's limit holds, and
@@ -119,12 +136,13 @@ type outboundPhase struct {
 func outboundScenarios(secs int) []outboundScenario {
 	run := time.Duration(secs) * time.Second
 	return []outboundScenario{
-		{"matched", secs, upstreamtest.Constant(100), []outboundPhase{{"follow-s", 0, run, 100}}},
-		{"half", secs, upstreamtest.Constant(50), []outboundPhase{{"follow-s", 0, run, 50}}},
+		{"matched", secs, upstreamtest.Constant(100), []outboundPhase{{"follow-s", 0, run, 100}}, false},
+		{"half", secs, upstreamtest.Constant(50), []outboundPhase{{"follow-s", 0, run, 50}}, false},
 		{"change", 30, upstreamtest.Steps(100, 10*time.Second, 50, 20*time.Second, 100), []outboundPhase{
 			{"down-s", 10 * time.Second, 20 * time.Second, 50},
 			{"up-s", 20 * time.Second, 30 * time.Second, 100},
-		}},
+		}, false},
+		{"hostile", secs, upstreamtest.Constant(10 * outboundConfigured), nil, true},
 	}
 }
 
@@ -135,6 +153,9 @@ const (
 	outboundURLEnv    = "SLUICE_OUTBOUND_URL"
 	outboundSecsEnv   = "SLUICE_OUTBOUND_RUN_SECONDS"
 	outboundPrefixEnv = "SLUICE_OUTBOUND_PREFIX"
+	// outboundMaxPauseEnv is the transport's MaxPause (the hostile
+	// scenario's 2 s).
+	outboundMaxPauseEnv = "SLUICE_OUTBOUND_MAX_PAUSE"
 )
 
 const (
@@ -154,6 +175,9 @@ type clientStats struct {
 	FirstError string
 	// StoreError is the first failure the store reported, for the log.
 	StoreError string
+	// MaxLearned is the highest limit learned of the upstream
+	// (OutboundLearned), 0 when none was.
+	MaxLearned int
 }
 
 func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc outboundScenario, cfg upstreamtest.Config) {
@@ -174,6 +198,9 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 		cmd := exec.Command(bin, "-test.run=^TestOutboundClient$", "-test.count=1")
 		cmd.Env = append(os.Environ(), outboundClientEnv+"="+client, outboundRedisEnv+"="+srv.Addr(),
 			outboundURLEnv+"=http://"+ln.Addr().String(), outboundSecsEnv+"="+strconv.Itoa(sc.secs), outboundPrefixEnv+"="+prefix)
+		if sc.hostile {
+			cmd.Env = append(cmd.Env, outboundMaxPauseEnv+"=2s")
+		}
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -215,6 +242,7 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 		if total.StoreError == "" {
 			total.StoreError = st.StoreError
 		}
+		total.MaxLearned = max(total.MaxLearned, st.MaxLearned)
 	}
 	b.StopTimer()
 	if total.Errors > 0 {
@@ -222,6 +250,14 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 	}
 	rec := up.Record()
 	run := time.Duration(sc.secs) * time.Second
+	if sc.hostile {
+		// The most the fleet sent in any second (its limit is 100, the
+		// upstream announced 1,000), and the longest it sent nothing after
+		// the refusal that asked for ten years.
+		b.ReportMetric(float64(rec.MostWithin(0, run)), "most/s")
+		b.ReportMetric(rec.LongestGap(5*time.Second, run).Seconds(), "gap-s")
+		b.ReportMetric(float64(total.MaxLearned), "learned-max")
+	}
 	late := rec.Refused(2*time.Second, run)
 	b.ReportMetric(100*rec.Used(2*time.Second, run), "used-%")
 	b.ReportMetric(float64(late)*10/float64(sc.secs-2), "refused/10s")
@@ -253,7 +289,7 @@ func TestOutboundClient(t *testing.T) {
 	url := os.Getenv(outboundURLEnv)
 	var st clientStats
 	var mu sync.Mutex
-	var pauses, lowered, failedOpen atomic.Int64
+	var pauses, lowered, failedOpen, maxLearned atomic.Int64
 	var send func(ctx context.Context) (*http.Response, error)
 	var learned func() []middleware.Learned
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: outboundGoroutines}}
@@ -283,9 +319,6 @@ func TestOutboundClient(t *testing.T) {
 			configured = v
 		}
 		limits := []middleware.Limit{middleware.PerSecond(configured)}
-		if os.Getenv("SLUICE_OUTBOUND_PACER") != "" {
-			limits = append(limits, middleware.Limit{Requests: 2 * configured, Window: 2 * time.Second}.TokenBucket(2))
-		}
 		lim, err := middleware.NewRules([]middleware.Rule{{Name: "upstream", Key: outbound.Host(),
 			Limits: limits, Sync: mode}},
 			middleware.WithStore(store), middleware.WithPauses(), middleware.WithFailurePolicy(middleware.FailClosed), middleware.WithObserver(&middleware.Hooks{
@@ -295,6 +328,9 @@ func TestOutboundClient(t *testing.T) {
 						pauses.Add(1)
 					case middleware.OutboundLowered:
 						lowered.Add(1)
+					case middleware.OutboundLearned:
+						for n := maxLearned.Load(); int64(e.Units) > n && !maxLearned.CompareAndSwap(n, int64(e.Units)); n = maxLearned.Load() {
+						}
 					}
 				},
 				OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
@@ -314,7 +350,8 @@ func TestOutboundClient(t *testing.T) {
 		}
 		defer lim.Close()
 		learned = lim.Learned
-		tr, err := outbound.New(lim, outbound.Options{Base: hc.Transport, MaxWait: 5 * time.Second})
+		maxPause, _ := time.ParseDuration(os.Getenv(outboundMaxPauseEnv))
+		tr, err := outbound.New(lim, outbound.Options{Base: hc.Transport, MaxWait: 5 * time.Second, MaxPause: maxPause})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,7 +413,7 @@ func TestOutboundClient(t *testing.T) {
 			fmt.Fprintf(os.Stderr, "learned %+v\n", l)
 		}
 	}
-	st.Pauses, st.Lowered, st.FailedOpen = int(pauses.Load()), int(lowered.Load()), int(failedOpen.Load())
+	st.Pauses, st.Lowered, st.FailedOpen, st.MaxLearned = int(pauses.Load()), int(lowered.Load()), int(failedOpen.Load()), int(maxLearned.Load())
 	out, _ := json.Marshal(st)
 	fmt.Printf("stats %s\n", out)
 }

@@ -101,6 +101,14 @@ type Config struct {
 	Tokens func(since time.Duration) int
 	// Status is the status of a refusal; 0 means 429.
 	Status int
+	// Announced, when set, is the limit the fields announce at a time
+	// since Start, in place of the real one: a hostile upstream.
+	Announced func(since time.Duration) int
+	// HostileAt, when positive, refuses the first request from that time
+	// since Start on, whatever the counts, with HostileRetryAfter as its
+	// Retry-After (such as ten years, "315360000").
+	HostileAt         time.Duration
+	HostileRetryAfter string
 }
 
 // Constant returns a Limit or Tokens function of n at all times.
@@ -138,6 +146,7 @@ type Upstream struct {
 	cfg      Config
 	mu       sync.Mutex
 	start    time.Time
+	hostile  bool // the hostile refusal was answered
 	requests counter
 	tokens   counter
 	ok, ref  []int // arrivals per BinWidth since start
@@ -178,6 +187,10 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	limit := u.cfg.Limit(since)
 	reqLeft, reqReset, reqWait := u.requests.state(now, win, limit, 1)
 	ok := reqWait == 0
+	hostile := u.cfg.HostileAt > 0 && since >= u.cfg.HostileAt && !u.hostile
+	if hostile {
+		u.hostile, ok = true, false
+	}
 	var tokLimit int
 	var tokLeft int
 	var tokReset, tokWait time.Duration
@@ -195,6 +208,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	u.record(since, ok)
+	if u.cfg.Announced != nil {
+		limit = u.cfg.Announced(since)
+	}
 	u.mu.Unlock()
 
 	h := w.Header()
@@ -228,6 +244,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if u.cfg.Fields == Silent && !ok {
 		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(max(reqWait, tokWait)), 1), 10))
+	}
+	if hostile {
+		h.Set("Retry-After", u.cfg.HostileRetryAfter)
 	}
 	if ok && tokens > 0 {
 		h.Set(UsageHeader, strconv.Itoa(tokens))
@@ -384,6 +403,31 @@ func (r Record) Used(from, to time.Duration) float64 {
 		return 0
 	}
 	return float64(r.Admitted(from, to)) / c
+}
+
+// MostWithin is the most arrivals, admitted or refused, in any window
+// of length Window within [from, to).
+func (r Record) MostWithin(from, to time.Duration) int {
+	most := 0
+	for u := from; u+r.Window <= to; u += BinWidth {
+		most = max(most, r.Admitted(u, u+r.Window)+r.Refused(u, u+r.Window))
+	}
+	return most
+}
+
+// LongestGap is the longest time within [from, to) without an arrival,
+// to BinWidth.
+func (r Record) LongestGap(from, to time.Duration) time.Duration {
+	longest, run := time.Duration(0), time.Duration(0)
+	for u := from; u < to; u += BinWidth {
+		if r.Admitted(u, u+BinWidth)+r.Refused(u, u+BinWidth) > 0 {
+			run = 0
+			continue
+		}
+		run += BinWidth
+		longest = max(longest, run)
+	}
+	return longest
 }
 
 // Follow is how long after from the clients took to send at limit per

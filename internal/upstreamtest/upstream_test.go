@@ -79,6 +79,22 @@ func TestCounting(t *testing.T) {
 	}
 }
 
+// TestHostile: an upstream that announces another limit than it keeps,
+// and refuses once with the Retry-After it is given.
+func TestHostile(t *testing.T) {
+	t.Parallel()
+	u := New(Config{Counting: Fixed, Fields: Draft10, Limit: Constant(5), Announced: Constant(1000),
+		HostileAt: time.Nanosecond, HostileRetryAfter: "315360000"})
+	w := get(u, 0)
+	f := ratefields.Parse(w.Header(), time.Now())
+	if w.Code != 429 || f.RetryAfter != ratefields.MaxWait || len(f.Policies) != 1 || f.Policies[0].Quota != 1000 {
+		t.Errorf("the hostile refusal: %d %+v", w.Code, f)
+	}
+	if w := get(u, 0); w.Code != 200 || w.Header().Get("Retry-After") != "" {
+		t.Errorf("after it: %d %v", w.Code, w.Header())
+	}
+}
+
 // TestTokens: a request whose tokens do not fit what is left is refused,
 // and its usage is answered when admitted.
 func TestTokens(t *testing.T) {
@@ -138,6 +154,12 @@ func TestRecord(t *testing.T) {
 	}
 	if _, ok := r.Follow(time.Second, 3*time.Second, 60); ok {
 		t.Error("Follow at 60: the clients never sent 54 a second after the refusals")
+	}
+	if n := r.MostWithin(0, 3*time.Second); n != 110 {
+		t.Errorf("MostWithin = %d, want 110 (0.1 s to 1.1 s: 90, then 10 admitted and 10 refused)", n)
+	}
+	if g := r.LongestGap(0, 3*time.Second); g != 550*time.Millisecond {
+		t.Errorf("LongestGap = %v, want 550ms (2.45 s to 3 s)", g)
 	}
 	if n := Steps(100, time.Second, 50, 2*time.Second, 100)(2500 * time.Millisecond); n != 100 {
 		t.Errorf("Steps at 2.5s = %d", n)
