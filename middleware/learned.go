@@ -190,6 +190,7 @@ type learnedCompiled struct {
 	rule   *compiledRule
 	base   *compiledLimits // the override they lower, nil for the rule's
 	ns     []int           // the Requests of each
+	burst  int             // the pacer's least burst
 	cl     *compiledLimits // rules
 	limits []Limit         // usage
 }
@@ -384,11 +385,11 @@ func (l *Limiter) Learn(ctx context.Context, e Evidence) (Learned, error) {
 	if (read || refuse && shared) && err == nil {
 		b.read = now
 	}
-	if err != nil {
-		// The fraction known stands; the store reports its failures.
-		if v := b.view.Load(); v != nil {
-			st, offset = v.state, v.offset
-		}
+	if v := b.view.Load(); v != nil && (err != nil || v.state.At > st.At) {
+		// The fraction known stands: the store failed (and reports its
+		// failures), or a later cut was published meanwhile by a
+		// concurrent Learn (cuts only move At on).
+		st, offset = v.state, v.offset
 	}
 	v := b.publish(st, offset, tau)
 	out := l.learnedOf(id, b, v, rule, configured, now)
@@ -548,6 +549,15 @@ func shortestSpan(limits []Limit) time.Duration {
 	return s
 }
 
+// burst is the least burst of the pacer: the largest margin v keeps.
+func (v *learnedView) burst() int {
+	b := 0
+	for _, m := range v.margins {
+		b = max(b, int(m))
+	}
+	return b
+}
+
 // lowered returns configured lowered to what v says at now, and whether
 // any limit is below its configured one. floor is the least a limit may
 // be lowered to (a usage's Max), 1 for rules.
@@ -597,14 +607,15 @@ func (l *Limiter) learnedLimits(rule *compiledRule, key string, base *compiledLi
 	if !low {
 		return nil
 	}
-	if c := b.compiled.Load(); c != nil && c.rule == rule && c.base == base && slices.Equal(c.ns, ns) {
+	burst := v.burst()
+	if c := b.compiled.Load(); c != nil && c.rule == rule && c.base == base && c.burst == burst && slices.Equal(c.ns, ns) {
 		return c.cl
 	}
 	limits := make([]Limit, len(configured), len(configured)+1)
 	for i, c := range configured {
 		limits[i] = lowerTo(c, ns[i])
 	}
-	if p, ok := pacer(rule, limits); ok {
+	if p, ok := pacer(rule, limits, burst); ok {
 		limits = append(limits, p)
 	}
 	cl := compileLimits(rule, limits)
@@ -612,20 +623,22 @@ func (l *Limiter) learnedLimits(rule *compiledRule, key string, base *compiledLi
 		l.cfg.report(nil, fmt.Errorf("sluice: learned limits of rule %q: %w", rule.Name, cl.err))
 		return nil
 	}
-	b.compiled.Store(&learnedCompiled{rule: rule, base: base, ns: slices.Clone(ns), cl: cl})
+	b.compiled.Store(&learnedCompiled{rule: rule, base: base, ns: slices.Clone(ns), burst: burst, cl: cl})
 	return cl
 }
 
 // pacer returns the limit that spends a learned budget evenly: a token
 // bucket at the rate of the learned limit of the shortest window (k × its
 // Requests per k × its window, k the least from 2 whose window no other
-// limit has), whose burst is 2% of that limit (at least 2, and the rule's
-// Cost). A window spent in a burst, after a pause or when the budget
+// limit has), whose burst is 2% of that limit, at least 2, the rule's
+// Cost and least (the units the margin keeps for the spread of the
+// answers, which the burst lets the fleet make up for when its requests
+// come late). A window spent in a burst, after a pause or when the budget
 // rises, is counted by a sliding-window counter as if spread over the
 // window: an upstream that counts exactly would see more than the limit
 // in the next one. A rule with a CostFunc has none (its costs are not
 // known in advance, and a burst below one of them would never admit it).
-func pacer(rule *compiledRule, limits []Limit) (Limit, bool) {
+func pacer(rule *compiledRule, limits []Limit, least int) (Limit, bool) {
 	if rule.CostFunc != nil || len(limits) == 0 {
 		return Limit{}, false
 	}
@@ -640,7 +653,7 @@ func pacer(rule *compiledRule, limits []Limit) (Limit, bool) {
 	if w <= 0 || l.Algorithm == LeakyBucket {
 		return Limit{}, false // a leaky bucket spaces its requests already
 	}
-	burst := max(2, (l.Requests+49)/50, rule.Cost)
+	burst := max(2, (l.Requests+49)/50, rule.Cost, least)
 	for k := 2; k < 10; k++ {
 		p := Limit{Requests: k * l.Requests, Window: time.Duration(k) * w}.TokenBucket(burst)
 		if p.Validate() != nil {
@@ -708,7 +721,7 @@ func (l *Limiter) learnedOf(id learnedID, b *learnedBudget, v *learnedView, rule
 		out.Limits[i] = lowerTo(c, ns[i])
 	}
 	if low && !id.usage {
-		out.Pace, _ = pacer(rule, out.Limits)
+		out.Pace, _ = pacer(rule, out.Limits, v.burst())
 	}
 	if len(v.quotas) > 0 && now.Before(v.quotaTill) {
 		out.Quotas, out.Margins = slices.Clone(v.quotas), slices.Clone(v.margins)
