@@ -108,6 +108,9 @@ const (
 	// maxLearned bounds the budgets a Limiter learns; past it, it drops
 	// those it has heard nothing of for a while, or else all.
 	maxLearned = 10_000
+	// paceWindow is the longest window of a budget whose learned limit is
+	// spent evenly (pacer).
+	paceWindow = time.Second
 )
 
 // ErrNotLearnable is returned by Learn for a budget whose limits are
@@ -636,8 +639,11 @@ func (l *Limiter) learnedLimits(rule *compiledRule, key string, base *compiledLi
 // come late). A window spent in a burst, after a pause or when the budget
 // rises, is counted by a sliding-window counter as if spread over the
 // window: an upstream that counts exactly would see more than the limit
-// in the next one. A rule with a CostFunc has none (its costs are not
-// known in advance, and a burst below one of them would never admit it).
+// in the next one. Only a budget of a window of at most a second
+// (paceWindow) is paced: a longer window's budget is one a program may
+// want in a burst, which pacing would spread over the window. A rule with a
+// CostFunc has none (its costs are not known in advance, and a burst
+// below one of them would never admit it).
 func pacer(rule *compiledRule, limits []Limit, least int) (Limit, bool) {
 	if rule.CostFunc != nil || len(limits) == 0 {
 		return Limit{}, false
@@ -650,7 +656,7 @@ func pacer(rule *compiledRule, limits []Limit, least int) (Limit, bool) {
 	}
 	l := limits[short]
 	w := rateSpan(l)
-	if w <= 0 || l.Algorithm == LeakyBucket {
+	if w <= 0 || w > paceWindow || l.Algorithm == LeakyBucket {
 		return Limit{}, false // a leaky bucket spaces its requests already
 	}
 	burst := max(2, (l.Requests+49)/50, rule.Cost, least)

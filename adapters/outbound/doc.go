@@ -124,8 +124,9 @@
 //     percentile of the last 128 less the least): the upstream counts a
 //     request when it arrives, the budget when it admits it
 //     (Options.Margin sets it);
-//   - a lowered budget is spent evenly: a token bucket at its rate, with a
-//     burst of 2% (at least 2), beside its limits;
+//   - a lowered budget of a window of at most a second is spent evenly: a
+//     token bucket at its rate, with a burst of 2% (at least 2, and the
+//     margin), beside its limits;
 //   - f, shared by the fleet in the store, is 1 until a refusal of a
 //     request admitted at least τ (the limit's window, between 1 s and
 //     1 min) after the last cut, and after the budget was first heard of
