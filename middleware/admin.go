@@ -57,8 +57,15 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 	for i, lim := range limits {
 		charges[i] = Charge{Key: key, Name: c.Name, Limit: lim}
 	}
+	var usageLimits []Limit
 	if u := c.usage; u != nil {
-		for _, lim := range u.Limits {
+		usageLimits = u.Limits
+		if t := u.learned.Load(); t != nil {
+			if ls := t.learnedUsage(u, key); ls != nil {
+				usageLimits = ls // learned of the upstream (learned.go)
+			}
+		}
+		for _, lim := range usageLimits {
 			charges = append(charges, Charge{Key: key, Name: u.name, Limit: lim})
 		}
 	}
@@ -77,7 +84,7 @@ func (l *Limiter) Peek(ctx context.Context, rule, key string) ([]LimitState, err
 	for i, d := range out {
 		if i >= len(limits) { // a usage limit
 			u, k := c.usage, i-len(limits)
-			states[i] = LimitState{Rule: c.Name, Policy: u.names[k], Limit: u.Limits[k], Remaining: d.Remaining, ResetAfter: d.ResetAfter, NextAfter: d.NextAfter}
+			states[i] = LimitState{Rule: c.Name, Policy: u.names[k], Limit: usageLimits[k], Remaining: d.Remaining, ResetAfter: d.ResetAfter, NextAfter: d.NextAfter}
 			continue
 		}
 		states[i] = LimitState{

@@ -31,6 +31,55 @@ type adminOverride struct {
 	Until  string        `json:"until,omitempty"`
 }
 
+// adminLearned is a budget learned of an upstream (Limiter.Learned), as
+// GET /overrides lists it beside the overrides.
+type adminLearned struct {
+	Rule       string        `json:"rule"`
+	Key        string        `json:"key"`
+	Unit       string        `json:"unit"`
+	Limits     []adminLimDef `json:"limits"`
+	Configured []adminLimDef `json:"configured"`
+	Pace       *adminLimDef  `json:"pace,omitempty"`
+	Quotas     []adminQuota  `json:"quotas,omitempty"`
+	SpreadMs   float64       `json:"spread_ms"`
+	Fraction   float64       `json:"fraction"`
+	Cuts       int64         `json:"cuts"`
+	CutAt      string        `json:"cut_at,omitempty"`
+}
+
+type adminQuota struct {
+	Units  int64  `json:"units"`
+	Window string `json:"window,omitempty"`
+	Margin int64  `json:"margin"`
+}
+
+// describeLearned describes l for the admin API.
+func (a *admin) describeLearned(l Learned) adminLearned {
+	out := adminLearned{Rule: l.Rule, Key: a.show(l.Key), Unit: l.Unit, SpreadMs: float64(l.Spread.Microseconds()) / 1000,
+		Fraction: l.Fraction, Cuts: l.Cuts}
+	for _, x := range l.Limits {
+		out.Limits = append(out.Limits, describeLimit(x))
+	}
+	for _, x := range l.Configured {
+		out.Configured = append(out.Configured, describeLimit(x))
+	}
+	if l.Pace.Requests > 0 {
+		p := describeLimit(l.Pace)
+		out.Pace = &p
+	}
+	for i, q := range l.Quotas {
+		aq := adminQuota{Units: q.Units, Margin: l.Margins[i]}
+		if q.Window > 0 {
+			aq.Window = q.Window.String()
+		}
+		out.Quotas = append(out.Quotas, aq)
+	}
+	if !l.CutAt.IsZero() {
+		out.CutAt = l.CutAt.UTC().Format(time.RFC3339)
+	}
+	return out
+}
+
 // adminOverrideBody is the body of PUT /overrides.
 type adminOverrideBody struct {
 	Limits []adminLimitIn `json:"limits"`
@@ -106,7 +155,12 @@ func (a *admin) serveClients(w http.ResponseWriter, r *http.Request, path string
 			for i, o := range list {
 				out[i] = a.describeOverride(o)
 			}
-			adminJSON(w, http.StatusOK, map[string]any{"overrides": out})
+			learned := lim.Learned()
+			ls := make([]adminLearned, len(learned))
+			for i, l := range learned {
+				ls[i] = a.describeLearned(l)
+			}
+			adminJSON(w, http.StatusOK, map[string]any{"overrides": out, "learned": ls})
 			return
 		}
 		if !needBoth() {

@@ -15,6 +15,9 @@ import (
 type clientState struct {
 	bans      clients.Bans
 	overrides clients.Overrides[*override]
+	// learned holds the limits learned of upstreams (learned.go), which
+	// decisions look up with the overrides.
+	learned learnedTable
 	// shared is the store's, when it keeps them for the fleet.
 	shared sharedState
 	// version is the shared version last loaded, and loaded whether one

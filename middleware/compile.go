@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/headerwrite"
@@ -347,6 +348,9 @@ type compiledUsage struct {
 	names    []string // the policies, one per limit
 	policy   string   // their RateLimit-Policy items
 	prepared []*headerwrite.Prepared
+	// learned is the table of the Limiter that learns this usage's limits
+	// of an upstream (learned.go), set by its first Learn; nil until then.
+	learned atomic.Pointer[learnedTable]
 }
 
 var unitPattern = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)

@@ -63,6 +63,27 @@ func TestRuleSetFlags(t *testing.T) {
 	if res, err := lim.Decide(r); err != nil || res.Limit.Requests == 1 {
 		t.Fatalf("after the override: %+v %v", res, err)
 	}
+	// A budget learned of an upstream is looked up as an override is:
+	// the rules in force say so while one is learned, and not once the
+	// last is forgotten.
+	if err := lim.SetRules(plain); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Learn(ctx, Evidence{Rule: "api", Key: "ip:192.0.2.1", Quotas: []Quota{{Units: 2, Window: 60e9}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !lim.rules.Load().overrides {
+		t.Fatal("a budget is learned, the rules in force do not say so")
+	}
+	if res, err := lim.Decide(r); err != nil || res.Limit.Requests >= 10 {
+		t.Fatalf("with a learned quota of 2: %+v %v", res, err)
+	}
+	if !lim.Forget("api", "ip:192.0.2.1") {
+		t.Fatal("Forget found nothing learned")
+	}
+	if lim.rules.Load().overrides {
+		t.Fatal("the learned budget is forgotten, the rules in force still say there is one")
+	}
 }
 
 // TestHTTPView: the view Handler gives key functions reads the request as

@@ -25,8 +25,16 @@ type OutboundEvent struct {
 	// Status is, for OutboundRefused, the upstream's status.
 	Status int
 	// Units is, for OutboundLowered, how many units were taken off the
-	// budget to follow the upstream's count.
+	// budget to follow the upstream's count; for OutboundLearned and
+	// OutboundCut, the learned limit (of the budget's first limit) after
+	// the event, in units per its window.
 	Units int
+	// Limit is, for OutboundLearned and OutboundCut, the limit in force
+	// that the learned one lowers (the rule's, or the client's override).
+	Limit int
+	// Unit is, for OutboundLearned and OutboundCut, what the budget
+	// counts: "requests", or a rule's Usage.Unit ("tokens").
+	Unit string
 }
 
 // OutboundKind is the kind of an OutboundEvent.
@@ -51,6 +59,15 @@ const (
 	// OutboundLowered: the upstream reported fewer units left than the
 	// limiter's budget held, and Units were taken off the budget to match.
 	OutboundLowered
+	// OutboundLearned: the limit learned of the upstream for a key
+	// (Limiter.Learn) changed: it is Units per window now, against the
+	// Limit in force. Reported by the process that heard of the change
+	// (the fleet's fraction is read by each process: each reports it).
+	OutboundLearned
+	// OutboundCut: a refusal of the upstream was counted as evidence that
+	// the budget was too generous, and cut the fleet's learned fraction
+	// (one process reports each cut): the learned limit is Units now.
+	OutboundCut
 )
 
 var outboundNames = [...]string{
@@ -59,10 +76,12 @@ var outboundNames = [...]string{
 	OutboundRefused: "refused",
 	OutboundPaused:  "paused",
 	OutboundLowered: "lowered",
+	OutboundLearned: "learned",
+	OutboundCut:     "cut",
 }
 
 // String returns the kind's name as metrics label it: "waited",
-// "gave_up", "refused", "paused" or "lowered".
+// "gave_up", "refused", "paused", "lowered", "learned" or "cut".
 func (k OutboundKind) String() string {
 	if int(k) < len(outboundNames) && outboundNames[k] != "" {
 		return outboundNames[k]
@@ -79,9 +98,9 @@ func (l *Limiter) ReportOutbound(e OutboundEvent) {
 	}
 }
 
-// Outbound logs, at Info, pauses (at most once a second per rule, with
-// how many were not logged), and at Warn requests refused by an upstream
-// (likewise).
+// Outbound logs, at Info, pauses and cuts of a learned limit (at most
+// once a second per rule, with how many were not logged), and at Warn
+// requests refused by an upstream (likewise).
 func (o *LogObserver) Outbound(e OutboundEvent) {
 	ctx := context.Background()
 	switch e.Kind {
@@ -89,6 +108,11 @@ func (o *LogObserver) Outbound(e OutboundEvent) {
 		if n, ok := o.errs.allow("outbound-paused:" + e.Rule); ok {
 			o.log.LogAttrs(ctx, slog.LevelInfo, "sluice: upstream asked to wait: outgoing requests paused",
 				slog.String("rule", e.Rule), slog.Duration("pause", e.Duration), slog.Int("not_logged", n))
+		}
+	case OutboundCut:
+		if n, ok := o.errs.allow("outbound-cut:" + e.Rule); ok {
+			o.log.LogAttrs(ctx, slog.LevelInfo, "sluice: upstream refused a request the budget had room for: learned limit cut",
+				slog.String("rule", e.Rule), slog.String("unit", e.Unit), slog.Int("limit", e.Units), slog.Int("of", e.Limit), slog.Int("not_logged", n))
 		}
 	case OutboundRefused:
 		if n, ok := o.errs.allow("outbound-refused:" + e.Rule); ok {

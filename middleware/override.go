@@ -140,9 +140,22 @@ func compileLimits(c *compiledRule, limits []Limit) *compiledLimits {
 	return cl
 }
 
-// overrideFor returns the compiled override of rule for key, if one is in
-// force.
+// overrideFor returns the compiled limits that replace rule's for key, if
+// any: the client's override in force, lowered to what the Limiter
+// learned of the upstream (learned.go) if it learned less.
 func (l *Limiter) overrideFor(rule *compiledRule, key string) *compiledLimits {
+	base := l.operatorOverride(rule, key)
+	if l.clients.overrides.Others() > 0 {
+		if cl := l.learnedLimits(rule, key, base); cl != nil {
+			return cl
+		}
+	}
+	return base
+}
+
+// operatorOverride returns the compiled override of rule for key, if one
+// is in force (SetOverride).
+func (l *Limiter) operatorOverride(rule *compiledRule, key string) *compiledLimits {
 	e := l.clients.overrides.Get(clients.ID{Rule: rule.Name, Key: key})
 	if e == nil || !e.Until.IsZero() && !e.Live(l.localNow(l.clock())) {
 		return nil

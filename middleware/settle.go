@@ -339,9 +339,15 @@ func (u *compiledUsage) estimate(r keyfunc.Request) int {
 // s.
 func (s *scratch) addUsage(u *compiledUsage, key string, r keyfunc.Request, top *hitters.Gates) {
 	e := u.estimate(r)
-	for i, lim := range u.Limits {
+	limits := u.Limits
+	if t := u.learned.Load(); t != nil {
+		if ls := t.learnedUsage(u, key); ls != nil {
+			limits = ls // learned of the upstream (learned.go)
+		}
+	}
+	for i, lim := range limits {
 		s.charges = append(s.charges, Charge{Key: key, Name: u.name, Limit: lim, Cost: e})
-		s.metas = append(s.metas, chargeMeta{name: u.names[i], nominal: &u.Limits[i], policy: u.policy, prepared: u.prepared[i], usage: u, estimate: e, top: top})
+		s.metas = append(s.metas, chargeMeta{name: u.names[i], nominal: &limits[i], policy: u.policy, prepared: u.prepared[i], usage: u, estimate: e, top: top})
 	}
 	s.usage = true
 }

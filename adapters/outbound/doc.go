@@ -96,11 +96,7 @@
 //     the rule's limit is lowered by the difference for the key until the
 //     upstream's reset: the budget follows the upstream's count
 //     (Limiter.SetOverride: with Redis, for the whole fleet).
-//   - When the upstream announces a quota (RateLimit-Policy) below the
-//     rule's limit, the rule's limits are lowered to it, less a margin of
-//     1% (at least 1 unit) for the delay between the Limiter's count and
-//     the upstream's, for the key, for a minute renewed while it is
-//     announced.
+//   - What the answer says of the budget is learned (below).
 //
 // The bound on refusals: a Limiter made WithPauses checks each request's
 // keys for a pause before charging it, so a request that starts after a
@@ -109,13 +105,49 @@
 // when the pause was written: the requests in flight, fleet-wide (with a
 // leaky bucket, those holding a turn too).
 //
+// # Learning the upstream's limit
+//
+// For the rule and key that bound each request, the transport tells the
+// Limiter what the answer says (middleware.Limiter.Learn): the quota the
+// upstream announces (RateLimit-Policy's q per w; X-RateLimit-Limit and
+// x-ratelimit-limit-requests, with the window their resets show;
+// x-ratelimit-limit-tokens for the rule's usage limits), how long the
+// answer took after the request's admission, and whether it was refused.
+// The Limiter lowers the budget to
+//
+//	limit(t) = max(1, ⌊min(configured, quota scaled − margin) × f(t)⌋)
+//
+// never above the limits in force, so that no field can raise it:
+//
+//   - the margin is 1 + q × s / w units (rounded, at most a quarter of
+//     q), s the spread of the recent answers' durations (the 90th
+//     percentile of the last 128 less the least): the upstream counts a
+//     request when it arrives, the budget when it admits it
+//     (Options.Margin sets it);
+//   - a lowered budget of a window of at most a second is spent evenly: a
+//     token bucket at its rate, with a burst of 2% (at least 2, and the
+//     margin), beside its limits;
+//   - f, shared by the fleet in the store, is 1 until a refusal of a
+//     request admitted at least τ (the limit's window, between 1 s and
+//     1 min) after the last cut, and after the budget was first heard of
+//     (2 τ after its quota was announced or fell), counts: with a quota
+//     announced it falls by 2%, else to 0.7 of what the upstream accepts,
+//     back to 2% below that within 1.7 τ, then probing slowly (2% more
+//     after 20 τ); one process's cut applies to the fleet within 250ms.
+//
+// Package internal/learn states the convergence and the refusals it
+// costs; docs/outbound.md the whole. Options.NoLearning turns learning
+// off (the pauses stay).
+//
 // # Observing
 //
 // The transport reports to the Limiter's Observers, through
 // Observer.Outbound (middleware.OutboundEvent): the requests that waited
 // and for how long, those that gave up, the upstream's refusals, the
-// pauses and the lowered budgets; the metrics modules export them as
-// sluice_outbound_*. Each wait's decisions reach Observer.Decided as any
+// pauses, the lowered budgets, the learned limits and their cuts; the
+// metrics modules export them as sluice_outbound_*, and
+// middleware.Limiter.Learned lists each key's learned budget (the
+// operator page shows them). Each wait's decisions reach Observer.Decided as any
 // decision does: give the outbound Limiter metrics of its own
 // (sluiceprom.WithConstLabels) to tell them from incoming requests'.
 // See docs/outbound.md.

@@ -48,8 +48,17 @@ type Options struct {
 	// DefaultMaxWaiting.
 	MaxWaiting int
 	// IgnoreUpstream, when set, reads none of the upstream's rate-limit
-	// fields: no pauses, no lowered budgets; the Limiter alone decides.
+	// fields: no pauses, no lowered budgets, nothing learned; the Limiter
+	// alone decides.
 	IgnoreUpstream bool
+	// NoLearning, when set, learns nothing of the upstream's limit (no
+	// quota followed, no cut on a refusal: middleware.Limiter.Learn is
+	// not called); the upstream's Retry-After and resets still pause.
+	NoLearning bool
+	// Margin is how many units a budget stays below a quota the upstream
+	// announces: 0 measures it from the spread of the answers' durations
+	// (see the package documentation), a negative Margin keeps none.
+	Margin int
 	// Usage, when set, reads from a response what its request used, for
 	// the rules with usage limits (middleware.Rule.Usage: an LLM
 	// provider's tokens): the units, and whether it found them. It is
@@ -69,9 +78,11 @@ type Transport struct {
 	maxWait  time.Duration
 	maxPause time.Duration
 	ignore   bool
+	noLearn  bool
+	margin   int
 	usage    func(*http.Response) (int, bool)
 	queues   queues
-	follow   follower
+	windows  windows
 }
 
 // New returns a Transport that rate-limits the requests it sends with lim.
@@ -90,7 +101,8 @@ func New(lim *middleware.Limiter, o Options) (*Transport, error) {
 	case o.MaxWaiting < 0:
 		return nil, fmt.Errorf("outbound: MaxWaiting %d is negative", o.MaxWaiting)
 	}
-	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream, usage: o.Usage}
+	t := &Transport{lim: lim, base: o.Base, maxWait: o.MaxWait, maxPause: o.MaxPause, ignore: o.IgnoreUpstream,
+		noLearn: o.NoLearning, margin: o.Margin, usage: o.Usage}
 	if t.base == nil {
 		t.base = http.DefaultTransport
 	}
@@ -124,6 +136,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+	admitted := time.Now()
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		res.Done()
@@ -131,7 +144,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if !t.ignore && res.Applied {
-		t.heard(req, &res, resp)
+		t.heard(req, &res, resp, admitted)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil {
 		t.finish(&res, resp, false)

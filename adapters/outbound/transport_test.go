@@ -158,11 +158,8 @@ func TestWaitInOrder(t *testing.T) {
 			}
 		},
 	}))
-	tr, err := outbound.New(lim, outbound.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &http.Client{Transport: tr}
+	c := newClient(t, lim, outbound.Options{})
+	tr := c.Transport.(*outbound.Transport)
 	const n = 6
 	var wg sync.WaitGroup
 	errs := make(chan error, n)

@@ -2,18 +2,19 @@ package outbound
 
 import (
 	"context"
-	"math"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/learn"
 	"github.com/sluicehq/sluice/internal/ratefields"
 	"github.com/sluicehq/sluice/middleware"
 )
 
 // heard adapts the Limiter to what the upstream answered req, which the
-// Limiter admitted with res (package internal/ratefields reads the
-// fields, as untrusted input):
+// Limiter admitted with res at admitted (package internal/ratefields
+// reads the fields, as untrusted input):
 //
 //   - a refusal is reported (OutboundRefused): a 429, or a 403 or 503 that
 //     says why (a Retry-After, or no requests left, as GitHub answers);
@@ -24,13 +25,15 @@ import (
 //     has nothing left until a reset while the Limiter's budget still
 //     had a clear share of its own (aheadShare) or the upstream refused
 //     the request, the keys are paused until the reset;
-//   - when it says fewer requests are left than the Limiter's budget held,
-//     by a clear share, and announces no quota, the budget follows it
-//     until its reset (followRemaining);
-//   - a quota the upstream announces (RateLimit-Policy) below the rule's
-//     lowers the rule's limits for the key (followPolicies).
-func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.Response) {
-	f := ratefields.Parse(resp.Header, time.Now())
+//   - the Limiter learns what the answer says of the budget of res's rule
+//     and key (learn): the quotas announced, how long the answer took,
+//     whether it was refused;
+//   - when the upstream says fewer requests are left than the Limiter's
+//     budget held, by a clear share, and announces no quota, the budget
+//     follows it until its reset (followRemaining).
+func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.Response, admitted time.Time) {
+	now := time.Now()
+	f := ratefields.Parse(resp.Header, now)
 	status := resp.StatusCode
 	refused := status == http.StatusTooManyRequests ||
 		(status == http.StatusForbidden || status == http.StatusServiceUnavailable) &&
@@ -49,8 +52,9 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 			}
 		}
 	}
-	// The pause and override outlive the caller's interest in the
-	// response; their store calls are bounded by the store's timeout.
+	// The pause, the learning and the override outlive the caller's
+	// interest in the response; their store calls are bounded by the
+	// store's timeout.
 	ctx := context.WithoutCancel(req.Context())
 	if pause > 0 {
 		pause = min(pause, t.maxPause)
@@ -61,13 +65,54 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 			t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundPaused, Rule: res.Rule, Duration: pause})
 		}
 	}
-	if b := f.Requests; pause == 0 && len(f.Policies) == 0 && b.Known() && b.Remaining > 0 && b.Reset > 0 &&
+	quotas := t.learn(ctx, res, &f, refused, admitted, now)
+	if b := f.Requests; pause == 0 && len(quotas) == 0 && b.Known() && b.Remaining > 0 && b.Reset > 0 &&
 		int64(res.Remaining)-b.Remaining >= int64(aheadShare(res.Limit.Capacity())) {
 		t.followRemaining(ctx, res, int(b.Remaining), min(b.Reset, t.maxPause))
 	}
-	if len(f.Policies) > 0 {
-		t.followPolicies(ctx, res, resp.Header.Get(ratefields.RateLimitPolicy), f.Policies)
+}
+
+// learn tells the Limiter what the answer f says of the budgets of res's
+// rule and key (middleware.Limiter.Learn): of its requests, the quotas
+// the upstream announced (RateLimit-Policy; X-RateLimit-Limit or
+// x-ratelimit-limit-requests, with the window their resets show) and a
+// refusal unless the upstream said only its tokens were spent; of its
+// usage limits, x-ratelimit-limit-tokens and a refusal when no tokens
+// were left. It returns the quotas of requests.
+func (t *Transport) learn(ctx context.Context, res *middleware.Result, f *ratefields.Fields, refused bool, admitted, now time.Time) []middleware.Quota {
+	if t.noLearn || res.Key() == "" {
+		return nil
 	}
+	id := queueID{res.Rule, res.Key()}
+	var quotas []middleware.Quota
+	if len(f.Policies) > 0 {
+		for _, p := range f.Policies {
+			quotas = append(quotas, middleware.Quota{Units: p.Quota, Window: p.Window})
+		}
+	} else if b := f.Requests; b.Known() && b.Limit > 0 {
+		quotas = []middleware.Quota{{Units: b.Limit, Window: t.windows.of(id, false, now, b.Reset)}}
+	}
+	tokensOut := f.Tokens.Known() && f.Tokens.Remaining == 0
+	requestsOut := f.Requests.Known() && f.Requests.Remaining == 0
+	e := middleware.Evidence{Rule: res.Rule, Key: res.Key(), Quotas: quotas, Margin: t.margin,
+		Answered: now.Sub(admitted), Refused: refused && (requestsOut || !tokensOut), Admitted: admitted}
+	// Every answer of a budget the Limiter learns counts (the share it
+	// refuses, the spread of the answers, reading the fleet's fraction);
+	// a budget is learned from its first answer with a field or a
+	// refusal.
+	if len(quotas) > 0 || refused || f.Requests.Known() || t.windows.learning(id) {
+		if _, err := t.lim.Learn(ctx, e); err == nil || errors.Is(err, middleware.ErrStore) {
+			t.windows.learn(id)
+		}
+	}
+	if b := f.Tokens; b.Known() {
+		e.Usage, e.Quotas, e.Refused = true, nil, refused && tokensOut
+		if b.Limit > 0 {
+			e.Quotas = []middleware.Quota{{Units: b.Limit, Window: t.windows.of(id, true, now, b.Reset)}}
+		}
+		_, _ = t.lim.Learn(ctx, e) // ErrNotLearnable for a rule without usage limits
+	}
+	return quotas
 }
 
 // followRemaining lowers, until the upstream's reset, the limit of the
@@ -87,11 +132,11 @@ func (t *Transport) heard(req *http.Request, res *middleware.Result, resp *http.
 // limit of requests, binding res (not a usage limit); others rely on the
 // pause at none left.
 //
-// An upstream that announces its quota (RateLimit-Policy) is followed by
-// that instead (followPolicies), and its count is not: the two would
-// replace each other's override, and between the end of the one that
-// followed the count and the next answer the budget would be the rule's
-// own, which a fleet with requests waiting spends at once.
+// An upstream that announces its quota (RateLimit-Policy,
+// X-RateLimit-Limit, x-ratelimit-limit-requests) is followed by what the
+// Limiter learns of it instead (learn), and its count is not: the budget
+// would follow the count until the reset, and spring back to the rule's
+// own limit then, which a fleet with requests waiting spends at once.
 func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result, left int, reset time.Duration) {
 	if res.Policy != res.Rule || res.Key() == "" {
 		return // a rule with several limits, or a usage limit, binds
@@ -129,65 +174,6 @@ func (t *Transport) followRemaining(ctx context.Context, res *middleware.Result,
 // more than the refusal it might spare, which pauses the keys anyway.
 func aheadShare(capacity int) int { return max(4, capacity/10) }
 
-// followFor is how long a limit lowered to an upstream's announced quota
-// holds without being announced again; announced again, it is renewed
-// once half of it has passed.
-const followFor = time.Minute
-
-// maxFollowed bounds the keys a follower remembers; past it, it forgets
-// them all and learns them again.
-const maxFollowed = 10_000
-
-// follower remembers, per rule and key, the RateLimit-Policy last acted
-// on, so that a quota announced on every response is acted on once per
-// half followFor.
-type follower struct {
-	mu   sync.Mutex
-	seen map[queueID]followed
-}
-
-type followed struct {
-	policy  string
-	refresh time.Time
-}
-
-// due reports whether the policy announced for id should be acted on now,
-// and if so notes that it is.
-func (f *follower) due(id queueID, policy string, now time.Time) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if st, ok := f.seen[id]; ok && st.policy == policy && now.Before(st.refresh) {
-		return false
-	}
-	if f.seen == nil || len(f.seen) >= maxFollowed {
-		f.seen = map[queueID]followed{}
-	}
-	f.seen[id] = followed{policy, now.Add(followFor / 2)}
-	return true
-}
-
-// followPolicies lowers the limits of the binding rule of res, for its
-// key, to the quotas the upstream announced where they are lower, for
-// followFor: a Limiter override (Limiter.SetOverride), so with a shared
-// store the whole fleet follows. The limits lowered are the override's in
-// force, else the rule's.
-func (t *Transport) followPolicies(ctx context.Context, res *middleware.Result, raw string, ps []ratefields.Policy) {
-	id := queueID{res.Rule, res.Key()}
-	now := time.Now()
-	if id.key == "" || !t.follow.due(id, raw, now) {
-		return
-	}
-	limits := t.limitsOf(res.Rule, id.key)
-	lowered, units := lower(limits, ps)
-	if units == 0 {
-		return
-	}
-	o := middleware.Override{Rule: id.rule, Key: id.key, Limits: lowered, Until: now.Add(followFor)}
-	if err := t.lim.SetOverride(ctx, o); err == nil {
-		t.lim.ReportOutbound(middleware.OutboundEvent{Kind: middleware.OutboundLowered, Rule: res.Rule, Units: units})
-	}
-}
-
 // limitsOf returns the limits in force for key under rule: its override's,
 // else the rule's static limits (none for a rule with a LimitsFunc).
 func (t *Transport) limitsOf(rule, key string) []middleware.Limit {
@@ -202,44 +188,58 @@ func (t *Transport) limitsOf(rule, key string) []middleware.Limit {
 	return nil
 }
 
-// lower returns limits with each lowered to the quotas of ps that bind it,
-// less a margin, and by how many units per window they were lowered in
-// all. A quota of q per window w binds a limit of n per window W at
-// q' = q × W / w when w ≤ W (the upstream's windows fit in ours), and at
-// q' = q when w > W (a window of ours fits in the upstream's); policies
-// without a window bind nothing. The limit becomes q' less 1% of it (at
-// least 1 unit, and never below 1): the upstream counts requests when
-// they arrive and the Limiter when it admits them, so the two windows
-// are out of step by the network's delay, and a budget spent to its last
-// unit at the edge of one is refused at the edge of the other (a margin
-// of one unit in a hundred absorbs some milliseconds of delay and jitter
-// at a hundred a second; BENCHMARKS.md, "Outbound").
-func lower(limits []middleware.Limit, ps []ratefields.Policy) ([]middleware.Limit, int) {
-	out := make([]middleware.Limit, len(limits))
-	units := 0
-	for i, l := range limits {
-		out[i] = l
-		span := l.Window
-		if span <= 0 {
-			span = l.Span() // a calendar period
-		}
-		bound := float64(l.Requests)
-		for _, p := range ps {
-			if p.Window <= 0 {
-				continue
-			}
-			q := float64(p.Quota)
-			if p.Window < span {
-				q = q * float64(span) / float64(p.Window)
-			}
-			q = math.Floor(q)
-			bound = min(bound, max(q-max(math.Ceil(q/100), 1), 1))
-		}
-		if n := int(bound); n < l.Requests {
-			units += l.Requests - n
-			out[i].Requests = n
-			out[i].Burst = min(out[i].Burst, n)
-		}
+// maxWindows bounds the budgets whose windows a Transport infers; past
+// it, it forgets them all and infers them again.
+const maxWindows = 10_000
+
+// windows infers, per rule, key and unit, the window of a quota an
+// upstream announces without one (X-RateLimit-Limit,
+// x-ratelimit-limit-*), from the resets it reports (learn.Windows).
+type windows struct {
+	mu sync.Mutex
+	m  map[windowID]*learn.Windows
+	// learned are the budgets of requests the Limiter learns; bounded
+	// as m.
+	learned map[queueID]bool
+}
+
+// learning reports whether the budget id is learned already, and notes
+// that it is.
+func (w *windows) learning(id queueID) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.learned[id]
+}
+
+// learn notes that the budget id is learned.
+func (w *windows) learn(id queueID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.learned == nil || len(w.learned) >= maxWindows {
+		w.learned = map[queueID]bool{}
 	}
-	return out, units
+	w.learned[id] = true
+}
+
+type windowID struct {
+	queueID
+	tokens bool
+}
+
+// of records a reset of d of the budget id at now and returns the window
+// inferred: 0 when none is known yet.
+func (w *windows) of(id queueID, tokens bool, now time.Time, d time.Duration) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := windowID{id, tokens}
+	e := w.m[k]
+	if e == nil {
+		if w.m == nil || len(w.m) >= maxWindows {
+			w.m = map[windowID]*learn.Windows{}
+		}
+		e = &learn.Windows{}
+		w.m[k] = e
+	}
+	e.Observe(now, d)
+	return e.Window()
 }

@@ -184,12 +184,14 @@ func TestUsageBudget(t *testing.T) {
 }
 
 // TestFollowRemaining: an upstream whose budget another client of the same
-// account has mostly spent (GitHub-like, 20 a second) tells it in
-// X-RateLimit-Remaining; the budget (configured for 20 a second too)
-// follows it until the reset instead of sending into refusals.
+// account has mostly spent (GitHub-like, 30 per 2 s, without its limit)
+// tells it in X-RateLimit-Remaining; the budget (configured for 30 per
+// 2 s too) follows it until the reset instead of sending into refusals.
+// (An upstream that announces its limit is followed by what the Limiter
+// learns of it: TestOtherClient.)
 func TestFollowRemaining(t *testing.T) {
 	t.Parallel()
-	up := newUpstream(t, github(30, 2*time.Second))
+	up := newUpstream(t, github(30, 2*time.Second, false))
 	for range 20 { // the other client
 		resp, err := http.Get(up.URL)
 		if err != nil {
@@ -212,5 +214,37 @@ func TestFollowRemaining(t *testing.T) {
 	}
 	if r := up.refused(); r > 1 {
 		t.Errorf("%d refused: the budget did not follow the upstream's count", r)
+	}
+}
+
+// TestOtherClient: the same, with the upstream's limit announced: the
+// budget learns the quota, and when the upstream says none are left
+// while the budget still holds some, the key is paused until the reset:
+// nothing is refused either.
+func TestOtherClient(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, github(30, 2*time.Second, true))
+	for range 20 { // the other client
+		resp, err := http.Get(up.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	var paused atomic.Int64
+	lim := newLimiter(t, []middleware.Rule{{Name: "gh", Key: outbound.Host(), Limits: []middleware.Limit{{Requests: 30, Window: 2 * time.Second}}}},
+		middleware.WithObserver(&middleware.Hooks{OnOutbound: func(e middleware.OutboundEvent) {
+			if e.Kind == middleware.OutboundPaused {
+				paused.Add(1)
+			}
+		}}))
+	c := newClient(t, lim, outbound.Options{MaxWait: -1})
+	sent, unsent := hammer(t, []*http.Client{c}, 1, 20, up.URL)
+	t.Logf("sent %d, refused %d, not sent %d, paused %d times", sent, up.refused(), len(unsent), paused.Load())
+	if r := up.refused(); r > 1 {
+		t.Errorf("%d refused: the budget did not follow the upstream", r)
+	}
+	if paused.Load() == 0 {
+		t.Error("no pause at none left")
 	}
 }

@@ -159,24 +159,49 @@ type Overrides[V any] struct {
 	mu sync.RWMutex
 	n  atomic.Int64 // len(m), read without the lock
 	m  map[ID]*Entry[V]
+	// others counts the entries of another table that callers look up
+	// with this one's (limits learned of an upstream, SetOthers).
+	others atomic.Int64
 	// OnEmpty, if set (before the table is used), is called when the
-	// table becomes empty (true) or stops being empty (false), with the
-	// table's lock held: it must not use the table.
+	// table and the other become empty (true) or stop being empty
+	// (false), with the table's lock held: it must not use the table.
 	OnEmpty func(empty bool)
 }
 
 // setLen records that the table holds n entries; t.mu is held for
 // writing.
 func (t *Overrides[V]) setLen(n int) {
-	was := t.n.Swap(int64(n))
-	if (was == 0) != (n == 0) && t.OnEmpty != nil {
-		t.OnEmpty(n == 0)
+	o := t.others.Load()
+	was := t.n.Swap(int64(n)) + o
+	t.noteEmpty(was, int64(n)+o)
+}
+
+// SetOthers records that another table, which callers look up with this
+// one's (limits learned of an upstream), holds n entries: Len includes
+// them, so that a caller that skips the lookup when Len is 0 does not skip
+// those, and so does OnEmpty.
+func (t *Overrides[V]) SetOthers(n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.n.Load()
+	was := t.others.Swap(int64(n)) + m
+	t.noteEmpty(was, int64(n)+m)
+}
+
+// Others is the count of the other table's entries (SetOthers).
+func (t *Overrides[V]) Others() int { return int(t.others.Load()) }
+
+// noteEmpty calls OnEmpty if the entries, with the other table's, went
+// from was to now across zero; t.mu is held for writing.
+func (t *Overrides[V]) noteEmpty(was, now int64) {
+	if (was == 0) != (now == 0) && t.OnEmpty != nil {
+		t.OnEmpty(now == 0)
 	}
 }
 
 // Len is how many overrides the table holds, ended ones included until
-// they are dropped; it takes no lock.
-func (t *Overrides[V]) Len() int { return int(t.n.Load()) }
+// they are dropped, and Others; it takes no lock.
+func (t *Overrides[V]) Len() int { return int(t.n.Load() + t.others.Load()) }
 
 // Get returns the entry of id, nil if there is none; whether it is still
 // in force is for the caller to ask (Entry.Live).

@@ -23,52 +23,126 @@ import (
 
 	"github.com/sluicehq/sluice/adapters/outbound"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/upstreamtest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 )
 
 // BenchmarkOutbound: 4 client processes × 16 goroutines, sharing one
-// budget of 100 requests a second toward an upstream that is a sluice
-// server (sluice's middleware, in the benchmark's process, one budget for
-// all its clients, every rate-limit field). Each client goroutine sends
-// requests back to back for the run; the upstream counts what it admits
-// and refuses, second by second.
+// budget of 100 requests a second toward an upstream that limits all of
+// them together as an API limits one account (internal/upstreamtest, in
+// the benchmark's process). Each client goroutine sends requests back to
+// back for the run; the upstream records what it admits and refuses, in
+// 10 ms bins.
 //
-//   - sluice-<mode>: the clients' outbound Transport over one Limiter each,
-//     on one Redis, in each coordination mode;
-//   - xrate: each client process with golang.org/x/time/rate at 100/4 a
-//     second (burst 25), the usual per-process fix, which neither shares a
-//     budget nor listens to the upstream.
+// The upstreams: each counts either exactly (log: a sliding log of one
+// second) or in fixed windows of a second aligned on the clock (fixed),
+// and answers one family of fields: the IETF draft-10 RateLimit and
+// RateLimit-Policy with a whole-second Retry-After on a refusal (draft10),
+// GitHub's X-RateLimit-* with a Unix reset (github), or OpenAI's
+// x-ratelimit-*-requests with reset durations (openai). The scenarios:
 //
-// "matched" is an upstream limited to the 100 a second the clients are
-// configured for; "half", one limited to 50 a second: the clients still
-// believe 100.
+//   - matched: the upstream's limit is the clients' 100 a second;
+//   - half: it is 50 a second, which the clients are not told (but by the
+//     upstream's fields);
+//   - change: it is 100 a second, 50 from 10 s, 100 again from 20 s;
+//   - hostile: it admits 1,000 a second and announces so, and at 5 s
+//     refuses once with a Retry-After of ten years; the clients' MaxPause
+//     is 2 s (sluice clients only).
 //
-// Metrics: ok/s (upstream admissions per second over the run after its
-// first 2 s), used-% (of the upstream's real budget in that time),
-// refused (the upstream's 429s over the whole run), max-refused-burst (the
-// most 429s within one second), pauses (the pauses the clients made).
+// The clients:
 //
-//	go test -run '^$' -bench BenchmarkOutbound -benchtime 1x -count 3 -timeout 30m
+//   - sluice-<mode>: the outbound Transport over one Limiter per process,
+//     on one Redis, in exact or lease mode;
+//   - old-<mode>: the same, built from an earlier commit's transport
+//     (SLUICE_OUTBOUND_OLD names the test binary of internal/compare built
+//     at that commit; without it these cases are skipped);
+//   - xrate: each process with golang.org/x/time/rate at 100/4 a second
+//     (burst 25), the usual per-process fix, which neither shares a budget
+//     nor reads the upstream's fields.
 //
-// SLUICE_OUTBOUND_SECONDS sets each run's length (default 12).
+// Metrics, over the run after its first 2 s unless said: used-% (the
+// upstream's admissions, of its capacity), refused/10s, refused (the
+// whole run), follow-s (matched and half: how long from the start until
+// the fleet sent at the upstream's rate, upstreamtest.Record.Follow),
+// down-s and up-s (change: the same from 10 s and from 20 s), most/s and
+// gap-s (hostile: the most the fleet sent in any second, the longest it
+// sent nothing after the refusal), learned-max (hostile: the highest limit
+// any client learned), pauses and not-sent (the clients' own counts).
+//
+//	go test -run '^$' -bench BenchmarkOutbound -benchtime 1x -count 1 -timeout 60m
+//
+// SLUICE_OUTBOUND_SECONDS sets the length of the matched and half runs
+// (default 15); a change run lasts 30 s.
 func BenchmarkOutbound(b *testing.B) {
-	secs := 12
+	secs := 15
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_OUTBOUND_SECONDS")); err == nil && v > 2 {
 		secs = v
 	}
 	srv := redistest.Standalone(b)
-	for _, real := range []struct {
-		name  string
-		limit int
-	}{{"matched", 100}, {"half", 50}} {
-		for _, client := range []string{"sluice-exact", "sluice-lease", "sluice-write_back", "xrate"} {
-			b.Run(real.name+"/"+client, func(b *testing.B) {
-				for range b.N {
-					runOutbound(b, srv, client, real.limit, secs)
+	clients := []string{"sluice-lease", "sluice-exact", "old-lease", "old-exact", "xrate"}
+	for _, sc := range outboundScenarios(secs) {
+		for _, counting := range []upstreamtest.Counting{upstreamtest.Log, upstreamtest.Fixed} {
+			for _, fields := range []upstreamtest.Fields{upstreamtest.Draft10, upstreamtest.GitHub, upstreamtest.OpenAI} {
+				for _, client := range clients {
+					if sc.hostile && !strings.HasPrefix(client, "sluice-") {
+						continue // the measure of the transport as it is
+					}
+					b.Run(sc.name+"/"+counting.String()+"-"+fields.String()+"/"+client, func(b *testing.B) {
+						bin := os.Args[0]
+						if strings.HasPrefix(client, "old-") {
+							if bin = os.Getenv("SLUICE_OUTBOUND_OLD"); bin == "" {
+								b.Skip("SLUICE_OUTBOUND_OLD names no earlier build")
+							}
+							client = "sluice-" + strings.TrimPrefix(client, "old-")
+						}
+						for range b.N {
+							cfg := upstreamtest.Config{Counting: counting, Fields: fields, Limit: sc.limit}
+							if sc.hostile {
+								cfg.Announced = upstreamtest.Constant(10 * outboundConfigured)
+								cfg.HostileAt, cfg.HostileRetryAfter = 5*time.Second, "315360000"
+							}
+							runOutbound(b, srv, bin, client, sc, cfg)
+						}
+					})
 				}
-			})
+			}
 		}
+	}
+}
+
+// outboundScenario is a run of BenchmarkOutbound: how long, the
+// upstream's limit over time, and the phases whose following is
+// measured.
+type outboundScenario struct {
+	name   string
+	secs   int
+	limit  func(time.Duration) int
+	phases []outboundPhase
+	// hostile: the upstream announces 10 times the clients' limit and, at
+	// 5 s, refuses once with a Retry-After of ten years; the clients'
+	// MaxPause is 2 s.
+	hostile bool
+}
+
+// outboundPhase is a time during which the upstream's limit holds, and
+// the metric that says how soon the fleet followed it.
+type outboundPhase struct {
+	metric   string
+	from, to time.Duration
+	limit    int
+}
+
+func outboundScenarios(secs int) []outboundScenario {
+	run := time.Duration(secs) * time.Second
+	return []outboundScenario{
+		{"matched", secs, upstreamtest.Constant(100), []outboundPhase{{"follow-s", 0, run, 100}}, false},
+		{"half", secs, upstreamtest.Constant(50), []outboundPhase{{"follow-s", 0, run, 50}}, false},
+		{"change", 30, upstreamtest.Steps(100, 10*time.Second, 50, 20*time.Second, 100), []outboundPhase{
+			{"down-s", 10 * time.Second, 20 * time.Second, 50},
+			{"up-s", 20 * time.Second, 30 * time.Second, 100},
+		}, false},
+		{"hostile", secs, upstreamtest.Constant(10 * outboundConfigured), nil, true},
 	}
 }
 
@@ -79,6 +153,9 @@ const (
 	outboundURLEnv    = "SLUICE_OUTBOUND_URL"
 	outboundSecsEnv   = "SLUICE_OUTBOUND_RUN_SECONDS"
 	outboundPrefixEnv = "SLUICE_OUTBOUND_PREFIX"
+	// outboundMaxPauseEnv is the transport's MaxPause (the hostile
+	// scenario's 2 s).
+	outboundMaxPauseEnv = "SLUICE_OUTBOUND_MAX_PAUSE"
 )
 
 const (
@@ -96,47 +173,21 @@ type clientStats struct {
 	FailedOpen int
 	Errors     int
 	FirstError string
+	// StoreError is the first failure the store reported, for the log.
+	StoreError string
+	// MaxLearned is the highest limit learned of the upstream
+	// (OutboundLearned), 0 when none was.
+	MaxLearned int
 }
 
-// upstreamCounts counts the upstream's answers per second of the run.
-type upstreamCounts struct {
-	mu      sync.Mutex
-	start   time.Time
-	ok, ref []int
-}
-
-func (u *upstreamCounts) add(refused bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	s := int(time.Since(u.start) / time.Second)
-	for len(u.ok) <= s {
-		u.ok, u.ref = append(u.ok, 0), append(u.ref, 0)
-	}
-	if refused {
-		u.ref[s]++
-	} else {
-		u.ok[s]++
-	}
-}
-
-func runOutbound(b *testing.B, srv *redistest.Server, client string, realLimit, secs int) {
+func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc outboundScenario, cfg upstreamtest.Config) {
 	b.StopTimer()
-	up, err := middleware.New(middleware.PerSecond(realLimit), keyfunc.Global())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer up.Close()
-	counts := &upstreamCounts{}
-	h := up.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	up := upstreamtest.New(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := &codeRecorder{ResponseWriter: w, code: 200}
-		h.ServeHTTP(rec, r)
-		counts.add(rec.code == http.StatusTooManyRequests)
-	})}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: up}
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
 
@@ -144,9 +195,12 @@ func runOutbound(b *testing.B, srv *redistest.Server, client string, realLimit, 
 	var procs []*exec.Cmd
 	var outs []io.Reader
 	for range outboundProcs {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestOutboundClient$", "-test.count=1")
+		cmd := exec.Command(bin, "-test.run=^TestOutboundClient$", "-test.count=1")
 		cmd.Env = append(os.Environ(), outboundClientEnv+"="+client, outboundRedisEnv+"="+srv.Addr(),
-			outboundURLEnv+"=http://"+ln.Addr().String(), outboundSecsEnv+"="+strconv.Itoa(secs), outboundPrefixEnv+"="+prefix)
+			outboundURLEnv+"=http://"+ln.Addr().String(), outboundSecsEnv+"="+strconv.Itoa(sc.secs), outboundPrefixEnv+"="+prefix)
+		if sc.hostile {
+			cmd.Env = append(cmd.Env, outboundMaxPauseEnv+"=2s")
+		}
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -154,7 +208,7 @@ func runOutbound(b *testing.B, srv *redistest.Server, client string, realLimit, 
 		}
 		procs, outs = append(procs, cmd), append(outs, out)
 	}
-	counts.start = time.Now()
+	up.Start(time.Now())
 	b.StartTimer()
 	for _, cmd := range procs {
 		if err := cmd.Start(); err != nil {
@@ -185,40 +239,42 @@ func runOutbound(b *testing.B, srv *redistest.Server, client string, realLimit, 
 		if total.FirstError == "" {
 			total.FirstError = st.FirstError
 		}
+		if total.StoreError == "" {
+			total.StoreError = st.StoreError
+		}
+		total.MaxLearned = max(total.MaxLearned, st.MaxLearned)
 	}
 	b.StopTimer()
 	if total.Errors > 0 {
 		b.Errorf("%d requests failed otherwise than by the limiter: %s", total.Errors, total.FirstError)
 	}
-	counts.mu.Lock()
-	defer counts.mu.Unlock()
-	ok, refused, burst := 0, 0, 0
-	for s := range counts.ok {
-		refused += counts.ref[s]
-		burst = max(burst, counts.ref[s])
-		if s >= 2 && s < secs {
-			ok += counts.ok[s]
-		}
+	rec := up.Record()
+	run := time.Duration(sc.secs) * time.Second
+	if sc.hostile {
+		// The most the fleet sent in any second (its limit is 100, the
+		// upstream announced 1,000), and the longest it sent nothing after
+		// the refusal that asked for ten years.
+		b.ReportMetric(float64(rec.MostWithin(0, run)), "most/s")
+		b.ReportMetric(rec.LongestGap(5*time.Second, run).Seconds(), "gap-s")
+		b.ReportMetric(float64(total.MaxLearned), "learned-max")
 	}
-	steady := float64(secs - 2)
-	b.ReportMetric(float64(ok)/steady, "ok/s")
-	b.ReportMetric(100*float64(ok)/(steady*float64(realLimit)), "used-%")
-	b.ReportMetric(float64(refused), "refused")
-	b.ReportMetric(float64(burst), "max-refused/s")
+	late := rec.Refused(2*time.Second, run)
+	b.ReportMetric(100*rec.Used(2*time.Second, run), "used-%")
+	b.ReportMetric(float64(late)*10/float64(sc.secs-2), "refused/10s")
+	b.ReportMetric(float64(rec.Refused(0, run+time.Second)), "refused")
+	for _, p := range sc.phases {
+		d, _ := rec.Follow(p.from, p.to, p.limit)
+		b.ReportMetric(d.Seconds(), p.metric)
+	}
 	b.ReportMetric(float64(total.Pauses), "pauses")
 	b.ReportMetric(float64(total.NotSent), "not-sent")
-	b.Logf("%s, upstream at %d/s: per second ok %v, refused %v; clients sent %d, not sent %d, saw %d refused, %d pauses, %d lowered, %d failed open (%s)",
-		client, realLimit, counts.ok, counts.ref, total.Sent, total.NotSent, total.Refused, total.Pauses, total.Lowered, total.FailedOpen, total.FirstError)
-}
-
-type codeRecorder struct {
-	http.ResponseWriter
-	code int
-}
-
-func (c *codeRecorder) WriteHeader(code int) {
-	c.code = code
-	c.ResponseWriter.WriteHeader(code)
+	var perSec []string
+	for s := 0; s < sc.secs; s++ {
+		from, to := time.Duration(s)*time.Second, time.Duration(s+1)*time.Second
+		perSec = append(perSec, fmt.Sprintf("%d/%d", rec.Admitted(from, to), rec.Refused(from, to)))
+	}
+	b.Logf("%s: per second admitted/refused %v; clients sent %d, not sent %d, saw %d refused, %d pauses, %d lowered, %d failed open (the store's first failure: %s)",
+		client, perSec, total.Sent, total.NotSent, total.Refused, total.Pauses, total.Lowered, total.FailedOpen, total.StoreError)
 }
 
 // TestOutboundClient is a client process of BenchmarkOutbound: run with
@@ -233,8 +289,9 @@ func TestOutboundClient(t *testing.T) {
 	url := os.Getenv(outboundURLEnv)
 	var st clientStats
 	var mu sync.Mutex
-	var pauses, lowered, failedOpen atomic.Int64
+	var pauses, lowered, failedOpen, maxLearned atomic.Int64
 	var send func(ctx context.Context) (*http.Response, error)
+	var learned func() []middleware.Learned
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: outboundGoroutines}}
 	if client == "xrate" {
 		lim := rate.NewLimiter(rate.Limit(outboundConfigured/outboundProcs), outboundConfigured/outboundProcs)
@@ -261,8 +318,9 @@ func TestOutboundClient(t *testing.T) {
 		if v, err := strconv.Atoi(os.Getenv("SLUICE_OUTBOUND_CONFIGURED")); err == nil {
 			configured = v
 		}
+		limits := []middleware.Limit{middleware.PerSecond(configured)}
 		lim, err := middleware.NewRules([]middleware.Rule{{Name: "upstream", Key: outbound.Host(),
-			Limits: []middleware.Limit{middleware.PerSecond(configured)}, Sync: mode}},
+			Limits: limits, Sync: mode}},
 			middleware.WithStore(store), middleware.WithPauses(), middleware.WithFailurePolicy(middleware.FailClosed), middleware.WithObserver(&middleware.Hooks{
 				OnOutbound: func(e middleware.OutboundEvent) {
 					switch e.Kind {
@@ -270,6 +328,9 @@ func TestOutboundClient(t *testing.T) {
 						pauses.Add(1)
 					case middleware.OutboundLowered:
 						lowered.Add(1)
+					case middleware.OutboundLearned:
+						for n := maxLearned.Load(); int64(e.Units) > n && !maxLearned.CompareAndSwap(n, int64(e.Units)); n = maxLearned.Load() {
+						}
 					}
 				},
 				OnDecided: func(_ keyfunc.Request, res *middleware.Result) {
@@ -279,8 +340,8 @@ func TestOutboundClient(t *testing.T) {
 				},
 				OnStoreFailed: func(_ keyfunc.Request, err error) {
 					mu.Lock()
-					if st.FirstError == "" {
-						st.FirstError = "store: " + err.Error()
+					if st.StoreError == "" {
+						st.StoreError = err.Error()
 					}
 					mu.Unlock()
 				}}))
@@ -288,7 +349,9 @@ func TestOutboundClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer lim.Close()
-		tr, err := outbound.New(lim, outbound.Options{Base: hc.Transport, MaxWait: 5 * time.Second})
+		learned = lim.Learned
+		maxPause, _ := time.ParseDuration(os.Getenv(outboundMaxPauseEnv))
+		tr, err := outbound.New(lim, outbound.Options{Base: hc.Transport, MaxWait: 5 * time.Second, MaxPause: maxPause})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,7 +408,12 @@ func TestOutboundClient(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	st.Pauses, st.Lowered, st.FailedOpen = int(pauses.Load()), int(lowered.Load()), int(failedOpen.Load())
+	if os.Getenv("SLUICE_OUTBOUND_DEBUG") != "" && learned != nil {
+		for _, l := range learned() {
+			fmt.Fprintf(os.Stderr, "learned %+v\n", l)
+		}
+	}
+	st.Pauses, st.Lowered, st.FailedOpen, st.MaxLearned = int(pauses.Load()), int(lowered.Load()), int(failedOpen.Load()), int(maxLearned.Load())
 	out, _ := json.Marshal(st)
 	fmt.Printf("stats %s\n", out)
 }

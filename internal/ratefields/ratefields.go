@@ -139,14 +139,17 @@ type Fields struct {
 }
 
 // Parse reads the rate-limit fields of a response's header h, received
-// at now. An HTTP date and a Unix time are read against the response's
-// own Date field when it has a readable one (so that the upstream's clock
-// skew does not matter), else against now.
+// at now. An HTTP date and a Unix time are read against now when the
+// response's own Date field agrees with now to its resolution (now is
+// within a second after it, or a tenth of one before), else against that
+// Date (so that the upstream's clock skew does not matter): a Date is in
+// whole seconds, and reading a reset of whole seconds against it would
+// wait up to a second longer than the upstream asks.
 func Parse(h http.Header, now time.Time) Fields {
 	var f Fields
 	base := now
 	if d, ok := field(h, "Date"); ok {
-		if t, err := http.ParseTime(d); err == nil {
+		if t, err := http.ParseTime(d); err == nil && (now.Before(t.Add(-dateSlack)) || !now.Before(t.Add(time.Second+dateSlack))) {
 			base = t
 		}
 	}
@@ -164,6 +167,11 @@ func Parse(h http.Header, now time.Time) Fields {
 	f.Tokens = budget(h, OpenAI, LimitTokens, RemainingTokens, ResetTokens, openAIReset)
 	return f
 }
+
+// dateSlack is how far outside the second of a response's Date now may be
+// and still agree with it: the answer's own travel, and the rounding of
+// the clocks.
+const dateSlack = 100 * time.Millisecond
 
 // field returns the first value of the named field, trimmed, if it is
 // there and not too long.

@@ -88,6 +88,9 @@ func TestRequests(t *testing.T) {
 		{"x-ratelimit: unix time against Date", header("X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1740832200",
 			"Date", t0.Add(20*time.Minute).Format(http.TimeFormat)),
 			Budget{Source: XRateLimit, Remaining: 1, Reset: 10 * time.Minute}},
+		{"x-ratelimit: unix time against now, within Date's second", header("X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1740830401",
+			"Date", t0.Add(-700*time.Millisecond).Format(http.TimeFormat)), // truncated to t0 - 1s
+			Budget{Source: XRateLimit, Remaining: 1, Reset: time.Second}},
 		{"x-ratelimit: unix time in ms", header("X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1740830405000"),
 			Budget{Source: XRateLimit, Remaining: 1, Reset: 5 * time.Second}},
 		{"x-ratelimit: unix time passed", header("X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1740830000"),

@@ -294,6 +294,18 @@ function renderOverrides(data) {
       el("button", { type: "button", class: "danger", onclick: () => act("DELETE", "overrides?" + clientQuery(o.rule, o.key)) }, "Remove"))));
   $("overrides").tBodies[0].replaceChildren(...rows);
   $("overrides-empty").hidden = rows.length > 0;
+  const limits = (ls) => (ls || []).map((l) => `${l.requests}/${l.window}`).join(", ");
+  const learned = (data.learned || []).map((l) => el("tr", { dataset: { rule: l.rule, key: l.key } },
+    el("td", {}, l.rule),
+    el("td", {}, el("code", {}, l.key)),
+    el("td", {}, `${limits(l.limits)} ${l.unit}`, l.pace ? el("div", { class: "muted small" }, `paced ${l.pace.requests}/${l.pace.window}, burst ${l.pace.burst}`) : null),
+    el("td", {}, limits(l.configured)),
+    el("td", {}, (l.quotas || []).map((q) => `${q.units}${q.window ? "/" + q.window : ""} less ${q.margin}`).join(", ") || "—",
+      l.quotas && l.quotas.length ? el("div", { class: "muted small" }, `answers spread over ${l.spread_ms.toFixed(1)} ms`) : null),
+    el("td", { class: "num" }, l.fraction.toFixed(3)),
+    el("td", { class: "num" }, String(l.cuts), l.cut_at ? el("div", { class: "muted small" }, "last " + ago(l.cut_at)) : null)));
+  $("learned").tBodies[0].replaceChildren(...learned);
+  $("learned-part").hidden = learned.length === 0;
 }
 
 function prefillOverride(rule, key) {

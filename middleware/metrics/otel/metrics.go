@@ -66,6 +66,9 @@
 //	sluice.outbound.upstream_refused Int64Counter                {request}  rule           sluice_outbound_upstream_refused_total
 //	sluice.outbound.pauses         Int64Counter                  {pause}    rule           sluice_outbound_pauses_total
 //	sluice.outbound.lowered_units  Int64Counter                  {unit}     rule           sluice_outbound_lowered_units_total
+//	sluice.outbound.learned_limit  Int64Gauge                    {unit}     rule, unit     sluice_outbound_learned_limit
+//	sluice.outbound.learned_ratio  Float64Gauge                  1          rule, unit     sluice_outbound_learned_ratio
+//	sluice.outbound.cuts           Int64Counter                  {cut}      rule, unit     sluice_outbound_cuts_total
 //
 // MetricNames lists the OpenTelemetry names. The attribute values are
 // those of sluiceprom: outcome is middleware.Outcome's String ("allowed",
@@ -180,6 +183,9 @@ var MetricNames = []string{
 	OutboundUpstreamRefused,
 	OutboundPauses,
 	OutboundLoweredUnits,
+	OutboundLearnedLimit,
+	OutboundLearnedRatio,
+	OutboundCuts,
 }
 
 // DecisionEvent is the name of the span event Decided adds.

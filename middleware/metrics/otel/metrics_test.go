@@ -72,6 +72,10 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]float64 {
 				for _, p := range d.DataPoints {
 					got[key(md.Name, p.Attributes)] = float64(p.Value)
 				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					got[key(md.Name, p.Attributes)] = p.Value
+				}
 			case metricdata.Histogram[float64]:
 				for _, p := range d.DataPoints {
 					got[key(md.Name+"_count", p.Attributes)] = float64(p.Count)

@@ -20,17 +20,22 @@ const (
 	OutboundUpstreamRefused = "sluice.outbound.upstream_refused"
 	OutboundPauses          = "sluice.outbound.pauses"
 	OutboundLoweredUnits    = "sluice.outbound.lowered_units"
+	OutboundLearnedLimit    = "sluice.outbound.learned_limit"
+	OutboundLearnedRatio    = "sluice.outbound.learned_ratio"
+	OutboundCuts            = "sluice.outbound.cuts"
 )
 
 // outboundInstruments are fed by the Observer event Outbound.
 type outboundInstruments struct {
-	waits, gaveUp, refused, pauses, lowered metric.Int64Counter
-	wait                                    metric.Float64Histogram
+	waits, gaveUp, refused, pauses, lowered, cuts metric.Int64Counter
+	wait                                          metric.Float64Histogram
+	learned                                       metric.Int64Gauge
+	ratio                                         metric.Float64Gauge
 }
 
 func (m *Metrics) initOutbound(meter metric.Meter) error {
 	s := &m.outbound
-	var errs [6]error
+	var errs [9]error
 	s.waits, errs[0] = meter.Int64Counter(OutboundWaits, metric.WithUnit("{request}"),
 		metric.WithDescription("Outgoing requests that waited for their turn before they were sent."))
 	s.gaveUp, errs[1] = meter.Int64Counter(OutboundGaveUp, metric.WithUnit("{request}"),
@@ -44,6 +49,12 @@ func (m *Metrics) initOutbound(meter metric.Meter) error {
 	s.wait, errs[5] = meter.Float64Histogram(OutboundWait, metric.WithUnit("s"),
 		metric.WithDescription("How long outgoing requests waited for their turn, those sent and those that gave up."),
 		metric.WithExplicitBucketBoundaries(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+	s.learned, errs[6] = meter.Int64Gauge(OutboundLearnedLimit, metric.WithUnit("{unit}"),
+		metric.WithDescription("The limit learned of the upstream, per window of the budget's first limit, as last changed for a key of the rule (each key's: Limiter.Learned)."))
+	s.ratio, errs[7] = meter.Float64Gauge(OutboundLearnedRatio, metric.WithUnit("1"),
+		metric.WithDescription("The limit learned of the upstream over the limit in force it lowers, as last changed for a key of the rule."))
+	s.cuts, errs[8] = meter.Int64Counter(OutboundCuts, metric.WithUnit("{cut}"),
+		metric.WithDescription("Refusals of the upstream counted as evidence that the budget was too generous, each of which cut the fleet's learned fraction."))
 	return errors.Join(errs[:]...)
 }
 
@@ -66,6 +77,16 @@ func (m *Metrics) Outbound(e middleware.OutboundEvent) {
 		c = s.pauses
 	case middleware.OutboundLowered:
 		c, n = s.lowered, int64(e.Units)
+	case middleware.OutboundLearned:
+		attrs := m.with(attribute.String("rule", m.capLabel(e.Rule)), attribute.String("unit", e.Unit))
+		s.learned.Record(ctx, int64(e.Units), attrs)
+		if e.Limit > 0 {
+			s.ratio.Record(ctx, float64(e.Units)/float64(e.Limit), attrs)
+		}
+		return
+	case middleware.OutboundCut:
+		s.cuts.Add(ctx, 1, m.with(attribute.String("rule", m.capLabel(e.Rule)), attribute.String("unit", e.Unit)))
+		return
 	default:
 		return
 	}

@@ -17,6 +17,9 @@ func outboundEvents(m *sluiceotel.Metrics) {
 	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundRefused, Rule: "partner", Status: 429})
 	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundPaused, Rule: "partner", Duration: time.Second})
 	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundLowered, Rule: "partner", Units: 7})
+	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundLearned, Rule: "partner", Unit: "requests", Units: 98, Limit: 100})
+	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundLearned, Rule: "partner", Unit: "requests", Units: 49, Limit: 100})
+	m.Outbound(middleware.OutboundEvent{Kind: middleware.OutboundCut, Rule: "partner", Unit: "requests", Units: 48, Limit: 100})
 	m.Outbound(middleware.OutboundEvent{Rule: "ignored"})
 }
 
@@ -28,6 +31,7 @@ func TestOutbound(t *testing.T) {
 	want := map[string]float64{
 		sluiceotel.OutboundWaits: 2, sluiceotel.OutboundGaveUp: 1, sluiceotel.OutboundUpstreamRefused: 1,
 		sluiceotel.OutboundPauses: 1, sluiceotel.OutboundLoweredUnits: 7, sluiceotel.OutboundWait + "_count": 3,
+		sluiceotel.OutboundLearnedLimit: 49, sluiceotel.OutboundLearnedRatio: 0.49, sluiceotel.OutboundCuts: 1,
 	}
 	for name, n := range want {
 		if got[name] != n {

@@ -49,6 +49,9 @@ var prometheusMetrics = map[string]struct {
 	"sluice_outbound_upstream_refused_total": {dto.MetricType_COUNTER, []string{"rule"}},
 	"sluice_outbound_pauses_total":           {dto.MetricType_COUNTER, []string{"rule"}},
 	"sluice_outbound_lowered_units_total":    {dto.MetricType_COUNTER, []string{"rule"}},
+	"sluice_outbound_learned_limit":          {dto.MetricType_GAUGE, []string{"rule", "unit"}},
+	"sluice_outbound_learned_ratio":          {dto.MetricType_GAUGE, []string{"rule", "unit"}},
+	"sluice_outbound_cuts_total":             {dto.MetricType_COUNTER, []string{"rule", "unit"}},
 }
 
 // TestPrometheusNames: exported through OpenTelemetry's Prometheus

@@ -56,6 +56,9 @@
 //	sluice_outbound_upstream_refused_total{rule}  counter  outgoing requests the upstream refused (429)
 //	sluice_outbound_pauses_total{rule}     counter    pauses the upstream asked for (Retry-After)
 //	sluice_outbound_lowered_units_total{rule}  counter  units taken off the budget to follow the upstream
+//	sluice_outbound_learned_limit{rule,unit}   gauge    the limit learned of the upstream, as last changed
+//	sluice_outbound_learned_ratio{rule,unit}   gauge    that limit over the limit in force it lowers
+//	sluice_outbound_cuts_total{rule,unit}      counter  refusals that cut the fleet's learned fraction
 //
 // Labels never carry a client's key. Rule names and server addresses come
 // from configuration, but their distinct values are capped all the same
@@ -147,6 +150,9 @@ var MetricNames = []string{
 	OutboundRefusedTotal,
 	OutboundPausesTotal,
 	OutboundLoweredTotal,
+	OutboundLearnedLimit,
+	OutboundLearnedRatio,
+	OutboundCutsTotal,
 }
 
 // DefaultBuckets are the bounds, in seconds, of the store call duration

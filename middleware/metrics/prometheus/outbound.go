@@ -16,12 +16,17 @@ const (
 	OutboundRefusedTotal = "sluice_outbound_upstream_refused_total"
 	OutboundPausesTotal  = "sluice_outbound_pauses_total"
 	OutboundLoweredTotal = "sluice_outbound_lowered_units_total"
+	OutboundLearnedLimit = "sluice_outbound_learned_limit"
+	OutboundLearnedRatio = "sluice_outbound_learned_ratio"
+	OutboundCutsTotal    = "sluice_outbound_cuts_total"
 )
 
 // outboundMetrics are fed by the Observer event Outbound.
 type outboundMetrics struct {
 	waits, gaveUp, refused, pauses, lowered *prometheus.CounterVec // rule
 	wait                                    prometheus.Histogram
+	learned, ratio                          *prometheus.GaugeVec   // rule, unit
+	cuts                                    *prometheus.CounterVec // rule, unit
 }
 
 func newOutboundMetrics(cl prometheus.Labels) outboundMetrics {
@@ -37,11 +42,17 @@ func newOutboundMetrics(cl prometheus.Labels) outboundMetrics {
 		wait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: OutboundWaitSeconds, ConstLabels: cl,
 			Help:    "How long outgoing requests waited for their turn, those sent and those that gave up.",
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
+		learned: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: OutboundLearnedLimit, ConstLabels: cl,
+			Help: "The limit learned of the upstream, per window of the budget's first limit, as last changed for a key of the rule (each key's: Limiter.Learned)."}, []string{"rule", "unit"}),
+		ratio: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: OutboundLearnedRatio, ConstLabels: cl,
+			Help: "The limit learned of the upstream over the limit in force it lowers, as last changed for a key of the rule."}, []string{"rule", "unit"}),
+		cuts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: OutboundCutsTotal, ConstLabels: cl,
+			Help: "Refusals of the upstream counted as evidence that the budget was too generous, each of which cut the fleet's learned fraction."}, []string{"rule", "unit"}),
 	}
 }
 
 func (s *outboundMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.waits, s.gaveUp, s.refused, s.pauses, s.lowered, s.wait}
+	return []prometheus.Collector{s.waits, s.gaveUp, s.refused, s.pauses, s.lowered, s.wait, s.learned, s.ratio, s.cuts}
 }
 
 // Outbound counts what the outbound transport did. It implements
@@ -63,6 +74,16 @@ func (m *Metrics) Outbound(e middleware.OutboundEvent) {
 		c = s.pauses
 	case middleware.OutboundLowered:
 		c, n = s.lowered, float64(e.Units)
+	case middleware.OutboundLearned:
+		rule := m.capacity.label(e.Rule, m.max)
+		s.learned.WithLabelValues(rule, e.Unit).Set(float64(e.Units))
+		if e.Limit > 0 {
+			s.ratio.WithLabelValues(rule, e.Unit).Set(float64(e.Units) / float64(e.Limit))
+		}
+		return
+	case middleware.OutboundCut:
+		s.cuts.WithLabelValues(m.capacity.label(e.Rule, m.max), e.Unit).Inc()
+		return
 	default:
 		return
 	}
