@@ -105,6 +105,19 @@ func Standalone(t testing.TB) *Server {
 	return s
 }
 
+// StandaloneWith is Standalone with more command-line options for
+// redis-server, which override the defaults: "--maxmemory", "4mb", say.
+func StandaloneWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	requireBinary(t)
+	s, err := startServer(t.TempDir(), false, args)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
 // Addr returns the server's host:port.
 func (s *Server) Addr() string { return s.addr }
 
