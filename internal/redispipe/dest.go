@@ -628,7 +628,7 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 			pipe.ScriptLoad(ctx, c.script.src)
 		}
 		c.setCmd(ctx)
-		_ = pipe.Process(ctx, c.cmd)
+		d.p.queue(ctx, pipe, c.cmd)
 	}
 	if len(loaded) == 0 {
 		return redirect
@@ -664,7 +664,8 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 	if len(again) > 0 {
 		pipe := client.Pipeline()
 		for _, c := range again {
-			c.cmd, c.idx, c.merged = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0, false
+			c.cmd, c.idx, c.merged = evalCmd(ctx, c), 0, false
+			d.p.queue(ctx, pipe, c.cmd)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range again {
@@ -697,7 +698,7 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 		}
 		if !c.script.batch {
 			c.setCmd(ctx)
-			_ = pipe.Process(ctx, c.cmd)
+			p.queue(ctx, pipe, c.cmd)
 			continue
 		}
 		group = append(group[:0], c)
@@ -715,7 +716,7 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 		} else {
 			args = mergeCmd(ctx, group, args)
 		}
-		_ = pipe.Process(ctx, c.cmd)
+		p.queue(ctx, pipe, c.cmd)
 	}
 	clear(group)
 	return group[:0], args

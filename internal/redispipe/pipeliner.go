@@ -45,10 +45,16 @@
 //
 // A script missing from a server's cache (NOSCRIPT) is loaded there with
 // SCRIPT LOAD and the call is sent again in the same step, so a cold cache
-// never fails a call. On a Cluster, a call answered with MOVED, ASK,
-// TRYAGAIN, CLUSTERDOWN or READONLY makes the client reload its slot map
-// and is sent once more through the ClusterClient, which follows the
-// redirection.
+// never fails a call. On a Cluster, a call answered with MOVED or ASK is
+// sent at once, with EVAL, to the node the reply names (after ASKING, for
+// ASK: the slot is being migrated and the call's keys have moved), and
+// MOVED makes the client reload its slot map; one answered with TRYAGAIN
+// (a migration has split its keys between two nodes), CLUSTERDOWN or
+// READONLY is sent again after a wait that doubles from 2 ms up to 50 ms,
+// for as long as its deadline leaves room, and then fails with that
+// reply. go-redis is kept from sending a Cluster batch again on its own
+// when the first reply is one it retries, which would run again the calls
+// of the batch that the node did run.
 //
 // # Deadlines
 //
@@ -354,7 +360,6 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.redirects.p = p
-	p.redirects.cond.L = &p.redirects.mu
 	if c, ok := client.(*redis.Client); ok {
 		d, err := p.destFor(c)
 		if err != nil {
