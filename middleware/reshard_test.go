@@ -479,4 +479,3 @@ func sortedByTime(os []outcome) []outcome {
 	sort.Slice(s, func(i, j int) bool { return s[i].at.Before(s[j].at) })
 	return s
 }
-
