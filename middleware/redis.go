@@ -67,6 +67,16 @@ type RedisConfig struct {
 	// MaxBatch bounds how many decisions share one round trip to one
 	// server; 0 means 128.
 	MaxBatch int
+	// MemoryCheck is how often the store asks each server for its memory
+	// figures (INFO memory and stats; CONFIG GET maxmemory* where INFO is
+	// refused): when the store first sends to it, then at this interval,
+	// never on a request's way. A server whose maxmemory-policy may evict
+	// counters is reported to the Observers (a HealthEvent with a
+	// MemoryReport, which NewLogObserver logs at Warn with the fix) and
+	// in Limiter.Health, as are its evictions and its OOM replies. 0
+	// means 30s; a negative value, never (OOM replies are still
+	// reported). See docs/redis.md, "Memory".
+	MemoryCheck time.Duration
 }
 
 // NewRedisStore returns a store that keeps its counters in Redis, so that
@@ -124,6 +134,8 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) 
 		MaxBatch:       cfg.MaxBatch,
 		OnStateChange:  rs.health,
 		OnBatch:        rs.batch,
+		MemoryEvery:    cfg.MemoryCheck,
+		OnMemory:       rs.memory,
 	}
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
@@ -140,6 +152,11 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) 
 type RedisStore struct {
 	s   *redisstore.Store
 	obs observerSet
+
+	mu sync.Mutex
+	// evicting holds, by server, the warning that it may evict counters,
+	// for observers added later (see memory).
+	evicting map[string]HealthEvent
 }
 
 // The interfaces a RedisStore implements.
@@ -203,13 +220,18 @@ func (r *RedisStore) StoreTraits() StoreTraits {
 }
 
 // AddObserver has the store report its servers' health and its batch
-// sizes to o until remove is called. A nil o is ignored. It implements
-// ObservableStore.
+// sizes to o until remove is called, and tells it at once of the servers
+// known to be able to evict counters (see RedisConfig.MemoryCheck). A nil
+// o is ignored. It implements ObservableStore.
 func (r *RedisStore) AddObserver(o Observer) (remove func()) {
 	if o == nil {
 		return func() {}
 	}
-	return r.obs.add(o)
+	remove = r.obs.add(o)
+	for _, ev := range r.memoryWarnings() {
+		o.StoreHealth(ev)
+	}
+	return remove
 }
 
 // Close stops the store's goroutines and waits for them; decisions still

@@ -90,6 +90,8 @@ type dest struct {
 	// bound is the context of the direct calls through the clone (see
 	// directContext).
 	bound atomic.Pointer[boundContext]
+	// memory reads the server's memory figures and notes its OOM replies.
+	memory memoryWatch
 }
 
 // boundContext is a context, derived from the Pipeliner's, that ends at
@@ -161,6 +163,7 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	if d.stallThresholdLocked() > 0 {
 		d.prepareWatch()
 	}
+	d.watchMemory()
 	if p.slowRoundTrip > 0 {
 		d.warmer = time.AfterFunc(warmEvery, d.warm)
 		p.wg.Add(1)
@@ -332,6 +335,7 @@ func (d *dest) close() {
 	if d.warmer != nil {
 		d.warmer.Stop()
 	}
+	d.stopMemory()
 	d.cond.Broadcast()
 	d.closeWatch()
 	for _, c := range queued {
@@ -590,10 +594,15 @@ func stampSent(calls []*call) {
 // redirector those that a Cluster node turned away.
 func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
 	var noscript, redirect []*call
+	oom := false
 	for _, c := range sent {
 		val, err := c.result()
 		switch {
 		case err == nil || !isRedisError(err):
+			c.complete(val, err)
+		case IsOutOfMemory(err):
+			// Final: the failure policy's at once (see IsOutOfMemory).
+			oom = true
 			c.complete(val, err)
 		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			noscript = append(noscript, c)
@@ -602,6 +611,9 @@ func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
 		default:
 			c.complete(val, err)
 		}
+	}
+	if oom {
+		d.noteOutOfMemory()
 	}
 	if len(noscript) > 0 {
 		redirect = d.reload(ctx, client, noscript, redirect)

@@ -243,6 +243,19 @@ type Config struct {
 	// batch before it is sent, on the goroutine that sends it; it must be
 	// fast.
 	OnBatch func(calls int)
+	// MemoryEvery is how often each server's memory figures (Memory) are
+	// read: once when its destination is made, then at this interval,
+	// one command each time (INFO memory stats, or CONFIG GET maxmemory*
+	// where INFO is refused), never on a call's way. Zero means
+	// DefaultMemoryEvery; a negative value, never.
+	MemoryEvery time.Duration
+	// OnMemory, if not nil, is called with a destination's memory
+	// figures when they are first read, when a later reading finds keys
+	// evicted since the one before or a change of whether the server may
+	// evict (Memory.MayEvict), and when its server answers OOM after not
+	// doing so for 10 s. Calls are made from goroutines of their own; it
+	// must not block for long.
+	OnMemory func(dest string, e MemoryEvent)
 }
 
 // kind is the sort of client a Pipeliner sends through.
