@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/redispipe"
@@ -137,4 +138,56 @@ func bytesOf(n int64) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// ServerMemories returns the memory of the Redis servers of the stores of
+// lims, as their Health reports it, for metrics that export a series per
+// server (the nested modules middleware/metrics/prometheus and
+// middleware/metrics/otel): one ServerHealth per server whose figures were
+// read or that answered OOM, sorted by address. A server that several
+// limiters' stores share is out of memory, or may evict, if any of them
+// says so, with the most evicted keys any of them read. Past max servers,
+// the others are folded into one named other.
+func ServerMemories(lims []*Limiter, max int, other string) []ServerHealth {
+	byServer := map[string]*ServerHealth{}
+	var names []string
+	for _, lim := range lims {
+		for _, s := range lim.Health().Servers {
+			if s.Memory.CheckedAt.IsZero() && !s.OutOfMemory {
+				continue
+			}
+			e := byServer[s.Server]
+			if e == nil {
+				e = &ServerHealth{Server: s.Server, Memory: ServerMemory{Evicted: -1}}
+				byServer[s.Server] = e
+				names = append(names, s.Server)
+			}
+			mergeMemory(e, &s)
+		}
+	}
+	slices.Sort(names)
+	out := make([]ServerHealth, 0, min(len(names), max+1))
+	for i, name := range names {
+		if i < max {
+			out = append(out, *byServer[name])
+			continue
+		}
+		if i == max {
+			out = append(out, ServerHealth{Server: other, Memory: ServerMemory{Evicted: -1}})
+		}
+		mergeMemory(&out[len(out)-1], byServer[name])
+	}
+	return out
+}
+
+// mergeMemory merges the memory of s into e (see ServerMemories).
+func mergeMemory(e, s *ServerHealth) {
+	e.OutOfMemory = e.OutOfMemory || s.OutOfMemory
+	if s.Memory.CheckedAt.After(e.Memory.CheckedAt) || (s.Memory.MayEvict() && !e.Memory.MayEvict()) {
+		evicted := max(e.Memory.Evicted, s.Memory.Evicted)
+		e.Memory = s.Memory
+		e.Memory.Evicted = evicted
+	} else {
+		e.Memory.Evicted = max(e.Memory.Evicted, s.Memory.Evicted)
+	}
 }

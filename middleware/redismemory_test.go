@@ -118,9 +118,11 @@ func TestRedisOutOfMemory(t *testing.T) {
 		lim := newLimiter(t, middleware.PerSecond(100), keyfunc.RemoteIP(), middleware.WithStore(store),
 			middleware.WithFailurePolicy(tt.policy), middleware.WithObserver(middleware.NewLogObserver(slog.New(slog.NewTextHandler(&log, nil)))))
 		before := redistest.ErrorStats(t, c)["OOM"]
+		rlag := startRedisLag(t, srv.Addr())
 		l := startLoad(t, lim, loadKey)
 		time.Sleep(700 * time.Millisecond)
 		outs := l.finish()
+		rlag.Stop()
 		oom := redistest.ErrorStats(t, c)["OOM"] - before
 		s := summarize(outs, time.Time{}, time.Now(), nil)
 		other := 0
@@ -131,13 +133,13 @@ func TestRedisOutOfMemory(t *testing.T) {
 				}
 			}
 		}
-		t.Logf("policy %v: %d requests, %d with another outcome; %d OOM replies; %d held over %v beyond lag (the worst %v, lag up to %v)",
-			tt.policy, s.total, other, oom, s.held, heldTooLong, s.worst.took.Round(time.Millisecond), s.lag.Round(time.Millisecond))
+		t.Logf("policy %v: %d requests, %d with another outcome; %d OOM replies; %d held over %v beyond lag (the worst %v, lag up to %v; Redis answered PINGs within %v)",
+			tt.policy, s.total, other, oom, s.held, heldTooLong, s.worst.took.Round(time.Millisecond), s.lag.Round(time.Millisecond), rlag.Worst().Round(time.Millisecond))
 		if oom == 0 || oom > int64(s.total) {
 			t.Errorf("policy %v: %d OOM replies to %d requests, want some and at most one each (no retry)", tt.policy, oom, s.total)
 		}
 		if s.held > strays(s.total) {
-			timingGate(t, s.lag)("policy %v: %d of %d requests held over %v beyond lag (the worst %v with %v of lag)",
+			busyGate(t, s.lag, rlag.Worst())("policy %v: %d of %d requests held over %v beyond lag (the worst %v with %v of lag)",
 				tt.policy, s.held, s.total, heldTooLong, s.worst.took, s.worst.lag)
 		}
 		sh := memoryHealth(t, lim)
@@ -235,8 +237,7 @@ func TestRedisEviction(t *testing.T) {
 	s := summarize(outs, time.Time{}, time.Now(), nil)
 	waitLog(t, &early, "evicted", "keys since it was last asked")
 	sh := memoryHealth(t, lim)
-	t.Logf("%d requests under load, %d not decided by Redis; the server evicted %d keys; the probe client: %v",
-		s.total, s.undecided, sh.Memory.Evicted, strings.Contains(early.String(), "evicted"))
+	t.Logf("%d requests under load, %d not decided by Redis; the server evicted %d keys", s.total, s.undecided, sh.Memory.Evicted)
 	if sh.Memory.Evicted <= 0 {
 		t.Errorf("Health says %+v, want keys evicted", sh)
 	}
@@ -251,10 +252,8 @@ func TestRedisEviction(t *testing.T) {
 	if evicting == 0 {
 		t.Errorf("no StoreHealth report of evictions among %+v", reports)
 	}
-	// The probe's counter went with the cache's pressure: it starts afresh.
-	if res, err := lim.Decide(probe); err != nil || !res.Allowed {
-		t.Logf("the probe client is still denied (%+v, %v): its counter was not evicted this time", res, err)
-	} else {
-		t.Logf("the probe client, denied before, is admitted again: its counter was evicted")
-	}
+	// What the warning is about: the probe's counter may have been evicted
+	// with the cache's pressure, its client then starting afresh.
+	res, err := lim.Decide(probe)
+	t.Logf("the probe client, denied before the cache filled the memory: allowed %v (%v)", res.Allowed, err)
 }

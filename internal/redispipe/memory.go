@@ -90,7 +90,12 @@ func (d *dest) watchMemory() {
 	if every < 0 {
 		return
 	}
-	d.memory.timer = time.AfterFunc(every, func() { d.readMemory(false) })
+	// Armed once the first reading is done.
+	t := time.AfterFunc(time.Hour, func() { d.readMemory(false) })
+	t.Stop()
+	d.memory.mu.Lock()
+	d.memory.timer = t
+	d.memory.mu.Unlock()
 	d.p.wg.Add(1)
 	go func() {
 		defer d.p.wg.Done()
@@ -100,7 +105,10 @@ func (d *dest) watchMemory() {
 
 // stopMemory stops the readings of d's memory figures.
 func (d *dest) stopMemory() {
-	if t := d.memory.timer; t != nil {
+	d.memory.mu.Lock()
+	t := d.memory.timer
+	d.memory.mu.Unlock()
+	if t != nil {
 		t.Stop()
 	}
 }
@@ -121,12 +129,15 @@ func (d *dest) readMemory(first bool) {
 	if d.p.ctx.Err() != nil {
 		return
 	}
-	defer d.memory.timer.Reset(d.p.memoryEvery())
+	w := &d.memory
+	w.mu.Lock()
+	timer := w.timer
+	w.mu.Unlock()
+	defer timer.Reset(d.p.memoryEvery())
 	m, ok := readMemory(d.p.ctx, d.client.Load())
 	if !ok {
 		return // no answer: the destination's health says why
 	}
-	w := &d.memory
 	w.mu.Lock()
 	prev := w.mem
 	w.mem = m
