@@ -123,6 +123,27 @@ type RedisConfig struct {
 // the size of each batch, to its Observers (see ObservableStore): a
 // Limiter adds its own in New and removes them in Close.
 //
+// What operating Redis does to the limits (docs/redis.md, "Running
+// Redis"):
+//
+//   - Slots of a Cluster that move (redis-cli --cluster reshard or
+//     rebalance, a managed service scaling) take their counters with them;
+//     the store follows MOVED and ASK at once and waits out TRYAGAIN
+//     within each decision's Timeout, so a request sees none of them
+//     (TestReshard).
+//   - A server out of memory with maxmemory-policy noeviction refuses
+//     writes (OOM): the requests that would write go to the failure policy
+//     at once, and Limiter.Health reports it. A server whose policy may
+//     evict counters (any other, with a maxmemory) is reported to the
+//     Observers at start, with the fix, and in Health: an evicted counter
+//     is a client starting afresh. See RedisConfig.MemoryCheck.
+//   - A server restarted empty (no persistence) loses every counter: per
+//     window open at the restart, a key is admitted at most what its
+//     counter held (at most its limit) over its limit; app servers whose
+//     deny cache denied it keep denying until its Retry-After. See
+//     SyncLease, SyncWriteBack and RegionStore for the fleet modes and
+//     regions.
+//
 // The store runs goroutines of its own (workers for each server it has
 // sent decisions to, and probes of servers that are down). Whoever makes a store
 // closes it: call Close once the Limiters that use it are closed. Closing

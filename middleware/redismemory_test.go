@@ -143,8 +143,13 @@ func TestRedisOutOfMemory(t *testing.T) {
 				tt.policy, s.held, s.total, heldTooLong, s.worst.took, s.worst.lag)
 		}
 		sh := memoryHealth(t, lim)
-		if !sh.Up || !sh.OutOfMemory {
-			t.Errorf("policy %v: Health says %+v, want the server up and out of memory", tt.policy, sh)
+		if !sh.OutOfMemory {
+			t.Errorf("policy %v: Health says %+v, want the server out of memory", tt.policy, sh)
+		}
+		if !sh.Up {
+			// Out of memory is not down: only a machine too busy for the
+			// server to answer in time makes it slow.
+			busyGate(t, s.lag, rlag.Worst())("policy %v: Health says %+v, want the server up", tt.policy, sh)
 		}
 	}
 	waitLog(t, &log, "sluice: store server memory", "refuses writes (OOM")

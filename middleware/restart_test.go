@@ -39,10 +39,9 @@ func restartModes() []restartMode {
 	fixed := []middleware.Limit{middleware.Limit{Requests: restartLimit, Window: restartWindow}.FixedWindow()}
 	return []restartMode{
 		{"exact", middleware.Rule{Limits: fixed}, restartLimit},
-		// The rest of each server's slice, spent in memory, and given
-		// back into the counter that starts afresh: up to 2 servers ×
-		// lease each.
-		{"lease", middleware.Rule{Limits: fixed, Sync: middleware.SyncLease, Lease: restartLease}, restartLimit + 2*2*restartLease},
+		// The rest of each server's slice, spent in memory (it was
+		// counted in the counter lost): up to 2 servers × lease.
+		{"lease", middleware.Rule{Limits: fixed, Sync: middleware.SyncLease, Lease: restartLease}, restartLimit + 2*restartLease},
 		// fleet.OverBound on the new counter: 2 servers × max_unsynced
 		// (the probes' requests are made one at a time, none in a sync
 		// interval beyond).
@@ -197,7 +196,7 @@ func TestEmptyRestart(t *testing.T) {
 				t.Errorf("%s: probe %d admitted %d times after the restart, less than what its window had left (%d)", mode.name, j, after[m][j], restartLimit-before[m][j])
 			}
 		}
-		t.Logf("%s (%d per %v): probes counted up to %d before the restart, then were admitted up to %d times of %d in the same window: over the limit by up to %d (stated: at most %d after)",
+		t.Logf("%s (%d per %v): probes were admitted %d before the restart, then up to %d times of %d in the same window: over the limit by up to %d (stated: at most %d after)",
 			mode.name, restartLimit, restartWindow, restartBefore, most, 2*restartLimit, over, mode.after)
 	}
 	timing := busyGate(t, summarize(outs, killed, time.Now(), nil).lag, rlag.Worst())

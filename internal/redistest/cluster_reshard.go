@@ -74,7 +74,7 @@ func (c *ClusterServer) MoveSlots(ctx context.Context, to *Server, slots []int, 
 	if opts.Batch <= 0 {
 		opts.Batch = 10
 	}
-	var cs clients
+	cs := clients{patient: true}
 	defer cs.close()
 	current, err := slotMap(ctx, cs.get(to.Addr()))
 	if err != nil {
@@ -176,7 +176,7 @@ func (c *ClusterServer) moveSlot(ctx context.Context, cs *clients, slot int, fro
 // at most opts.Max slots if set, taking them in turn from each master
 // that has too many, the highest slots of each first.
 func (c *ClusterServer) Rebalance(ctx context.Context, opts MoveOptions) (Migration, error) {
-	var cs clients
+	cs := clients{patient: true}
 	defer cs.close()
 	masters := c.masters(ctx, &cs)
 	if len(masters) == 0 {
@@ -267,7 +267,7 @@ func (c *ClusterServer) AddMaster(ctx context.Context) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redistest: %w", err)
 	}
-	var cs clients
+	cs := clients{patient: true}
 	defer cs.close()
 	cl := cs.get(n.Addr())
 	if n.nodeID, err = cl.Do(ctx, "CLUSTER", "MYID").Text(); err != nil {
@@ -329,7 +329,7 @@ func (c *ClusterServer) AddMaster(ctx context.Context) (*Server, error) {
 // Masters returns the nodes that say they are masters, serving slots or
 // not, in the order of Nodes.
 func (c *ClusterServer) Masters(ctx context.Context) []*Server {
-	var cs clients
+	cs := clients{patient: true}
 	defer cs.close()
 	return c.masters(ctx, &cs)
 }
@@ -377,7 +377,7 @@ func (c *ClusterServer) indexOf(n *Server) int {
 
 // SlotsOf returns the slots that the master n serves, as n sees it.
 func (c *ClusterServer) SlotsOf(ctx context.Context, n *Server) ([]int, error) {
-	var cs clients
+	cs := clients{patient: true}
 	defer cs.close()
 	m, err := slotMap(ctx, cs.get(n.Addr()))
 	if err != nil {
