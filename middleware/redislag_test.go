@@ -15,8 +15,9 @@ import (
 // scheduling lag (schedlag) does not show. Timing goals allow for both
 // (see timingGate).
 type redisLag struct {
-	mu    sync.Mutex
-	worst time.Duration
+	mu      sync.Mutex
+	worst   time.Duration
+	samples []lagSample
 	stop  chan struct{}
 	wg    sync.WaitGroup
 }
@@ -70,8 +71,28 @@ func (l *redisLag) ping(addr string) {
 		took := time.Since(start)
 		l.mu.Lock()
 		l.worst = max(l.worst, took)
+		l.samples = append(l.samples, lagSample{start, took})
 		l.mu.Unlock()
 	}
+}
+
+// lagSample is a PING sent at at that took took.
+type lagSample struct {
+	at   time.Time
+	took time.Duration
+}
+
+// WorstIn returns the longest a PING sent in [from, to) took.
+func (l *redisLag) WorstIn(from, to time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var w time.Duration
+	for _, s := range l.samples {
+		if !s.at.Before(from) && s.at.Before(to) {
+			w = max(w, s.took)
+		}
+	}
+	return w
 }
 
 // Worst returns the longest a PING took so far.

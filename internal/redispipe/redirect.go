@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,8 +68,10 @@ type redirector struct {
 	wake chan struct{}
 	// clients are the clients of nodes that no destination has (a master
 	// that serves no slot yet, asked to import one), by address; only the
-	// redirector's goroutine touches them until close.
-	clients map[string]*redis.Client
+	// redirector's goroutine touches the map, and it closes them once the
+	// sends under way (inflight) are done.
+	clients  map[string]*redis.Client
+	inflight sync.WaitGroup
 }
 
 // errNoNode is the error of a redirected call for whose slot the client's
@@ -205,7 +208,8 @@ func (r *redirector) close() {
 func (r *redirector) run() {
 	defer r.p.wg.Done()
 	defer func() {
-		// The goroutine has ended: nobody else uses the clients.
+		// Once the sends under way are done, nobody uses the clients.
+		r.inflight.Wait()
 		for _, c := range r.clients {
 			_ = c.Close()
 		}
@@ -240,18 +244,7 @@ func (r *redirector) run() {
 		wake := r.wake
 		r.mu.Unlock()
 		if len(due) > 0 {
-			again := r.send(due)
-			r.mu.Lock()
-			if r.closed {
-				r.mu.Unlock()
-				for _, e := range again {
-					e.c.complete(nil, ErrClosed)
-					e.c.release()
-				}
-				return
-			}
-			r.queue = append(r.queue, again...)
-			r.mu.Unlock()
+			r.requeue(r.send(slices.Clone(due)))
 			clear(due)
 			continue
 		}
@@ -273,8 +266,36 @@ func (r *redirector) run() {
 	}
 }
 
-// send sends the calls of batch, one pipeline per node, and returns
-// those that are to be sent again; it completes and releases the others.
+// requeue queues again calls to send later, or fails them if the
+// redirector is closed.
+func (r *redirector) requeue(again []redirected) {
+	if len(again) == 0 {
+		return
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		for _, e := range again {
+			e.c.complete(nil, ErrClosed)
+			e.c.release()
+		}
+		return
+	}
+	r.queue = append(r.queue, again...)
+	wake := r.wake
+	r.mu.Unlock()
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
+
+// send sends the calls of batch, one pipeline per node, each from a
+// goroutine of its own, so that a node slow to answer (one busy with a
+// MIGRATE, say) holds up no call for another node; each goroutine
+// completes and releases its calls, or queues again those that are to be
+// sent again. It returns the calls that wait for a slot map to name their
+// node.
 func (r *redirector) send(batch []redirected) []redirected {
 	type group struct {
 		client  *redis.Client
@@ -306,32 +327,30 @@ func (r *redirector) send(batch []redirected) []redirected {
 		}
 		groups[g].entries = append(groups[g].entries, i)
 	}
-	var wg sync.WaitGroup
 	for _, g := range groups {
-		wg.Add(1)
+		r.inflight.Add(1)
 		go func() {
-			defer wg.Done()
+			defer r.inflight.Done()
 			r.sendTo(g.client, batch, g.entries)
-		}()
-	}
-	wg.Wait()
-	now := time.Now()
-	for _, g := range groups {
-		for _, i := range g.entries {
-			e := &batch[i]
-			c := e.c
-			if !c.isPending() {
+			now := time.Now()
+			var again []redirected
+			for _, i := range g.entries {
+				e := &batch[i]
+				c := e.c
+				if !c.isPending() {
+					c.release()
+					continue
+				}
+				val, err := c.result()
+				if err != nil && isRedirect(err) && r.follow(e, err, now) {
+					again = append(again, *e)
+					continue
+				}
+				c.complete(val, err)
 				c.release()
-				continue
 			}
-			val, err := c.result()
-			if err != nil && isRedirect(err) && r.follow(e, err, now) {
-				again = append(again, *e)
-				continue
-			}
-			c.complete(val, err)
-			c.release()
-		}
+			r.requeue(again)
+		}()
 	}
 	return again
 }
