@@ -18,8 +18,8 @@ type redisLag struct {
 	mu      sync.Mutex
 	worst   time.Duration
 	samples []lagSample
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // startRedisLag starts pinging the servers at addrs.
