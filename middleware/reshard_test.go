@@ -472,10 +472,16 @@ func TestReshard(t *testing.T) {
 	if bannedAdmitted != 0 {
 		t.Errorf("%d requests of banned clients admitted, want 0", bannedAdmitted)
 	}
-	if redirects["MOVED"] == 0 || redirects["ASK"] == 0 {
-		t.Errorf("the nodes' replies %v: the moves were not met (no MOVED or no ASK)", redirects)
+	if redirects["MOVED"] == 0 {
+		t.Errorf("the nodes' replies %v: the moves were not met (no MOVED)", redirects)
 	}
 	timing := busyGate(t, lag, ctl.Worst())
+	if redirects["ASK"] == 0 {
+		// About a dozen are expected: fewer requests on a busy machine
+		// meet fewer slots half moved (TestMigratingSlot follows ASK
+		// whatever the machine).
+		timing("the nodes' replies %v: no decision met a slot half moved (no ASK)", redirects)
+	}
 	if failedOpen > strays(all.total) {
 		timing("%d of %d requests failed open, want 0", failedOpen, all.total)
 	}
