@@ -119,6 +119,18 @@
 // soon as the cluster has one. Config.OnStateChange hears about every
 // change.
 //
+// # Memory
+//
+// An OOM reply (a server over its maxmemory with the policy noeviction)
+// is final: its call fails with it at once, sent once, and the server
+// stays up, but counts as out of memory for 10 s (ServerState.OutOfMemory,
+// IsOutOfMemory). Each destination's memory figures (maxmemory,
+// maxmemory-policy, used_memory, evicted_keys: Memory) are read when it is
+// made and every Config.MemoryEvery, with one INFO memory stats (CONFIG
+// GET maxmemory* where INFO is refused) through a clone of its client,
+// never on a call's way; Config.OnMemory hears the first reading, the
+// evictions and the OOM replies.
+//
 // # Round trips that grow
 //
 // When every lane of a destination is busy and none has left for 10 ms, an
