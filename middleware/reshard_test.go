@@ -207,7 +207,7 @@ func TestReshard(t *testing.T) {
 	}
 	for j := range modes[reshardPause].clients / 2 {
 		retry("pause", func() error {
-			_, err := paused[0].Pause(ctx, reshardRequest("/pause", reshardAddr(reshardPause, j)), time.Minute)
+			_, err := paused[0].Pause(ctx, reshardRequest("/pause", reshardAddr(reshardPause, j)), time.Hour) // longer than any run
 			return err
 		})
 	}
