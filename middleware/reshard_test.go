@@ -36,7 +36,7 @@ type reshardMode struct {
 const reshardWindow = time.Second
 
 // reshardModes are the modes of TestReshard, one request in six each. Each
-// client of exact, bans, overrides and pauses sends about 6.7 requests a
+// client of exact, bans, overrides and pauses sends about 11 requests a
 // second, each of lease and write-back about 33: enough for leases to grow
 // their slices and for write-back to push at max_unsynced.
 func reshardModes() []reshardMode {
@@ -45,16 +45,16 @@ func reshardModes() []reshardMode {
 	ban.Ban = 1500 * time.Millisecond
 	const wbUnsynced = 4
 	return []reshardMode{
-		{"exact", 50, middleware.Rule{Limits: fixed(5)}, 5},
+		{"exact", 30, middleware.Rule{Limits: fixed(5)}, 5},
 		{"lease", 10, middleware.Rule{Limits: fixed(25), Sync: middleware.SyncLease, Lease: 8}, 25},
 		// fleet.OverBound: 2 servers × max_unsynced, plus what a client's
 		// 33 requests a second admit in one sync interval (100 ms).
 		{"write_back", 10, middleware.Rule{Limits: fixed(25), Sync: middleware.SyncWriteBack, MaxUnsynced: wbUnsynced}, 25 + 2*wbUnsynced + 4},
-		{"ban", 50, middleware.Rule{Limits: []middleware.Limit{ban}}, 5},
+		{"ban", 30, middleware.Rule{Limits: []middleware.Limit{ban}}, 5},
 		// Every client has an override of 3 a second.
-		{"override", 50, middleware.Rule{Limits: fixed(5)}, 3},
+		{"override", 30, middleware.Rule{Limits: fixed(5)}, 3},
 		// The first half of the clients are paused throughout.
-		{"pause", 50, middleware.Rule{Limits: fixed(5)}, 5},
+		{"pause", 30, middleware.Rule{Limits: fixed(5)}, 5},
 	}
 }
 
@@ -119,7 +119,7 @@ func (f *failures) of(r keyfunc.Request) error {
 // store) decide 2,000 requests a second in every mode: exact, lease,
 // write-back, bans, overrides and pauses. Every slot that holds a counter,
 // ban or pause of the load moves to the new master (keys two at a time),
-// 64 more are rebalanced to it, and half of the load's slots move on to
+// 32 more are rebalanced to it, and half of the load's slots move on to
 // one of the first masters, each left 15 ms with its keys moved and the
 // slot not yet the target's (requests then get ASK); the slot of the
 // overrides moves too, while overrides are being set. Meanwhile, whatever
@@ -319,7 +319,7 @@ func TestReshard(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	rebalanced, err := cl.Rebalance(ctx, redistest.MoveOptions{Batch: 2, Max: 64})
+	rebalanced, err := cl.Rebalance(ctx, redistest.MoveOptions{Batch: 2, Max: 32})
 	if err != nil {
 		fail(err)
 	}
