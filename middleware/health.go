@@ -76,8 +76,10 @@ func (sl *syncLayer) flushed(calls int, d time.Duration, err error) {
 }
 
 // Health reports the state of the limiter's store: its circuit breaker,
-// its Redis servers, the syncers of fleet modes and regions, and the
-// publishing of top-client summaries. It makes no call to the store.
+// its Redis servers (up, slow or down, out of memory, and their memory
+// figures as last read: see RedisConfig.MemoryCheck), the syncers of
+// fleet modes and regions, and the publishing of top-client summaries. It
+// makes no call to the store.
 func (l *Limiter) Health() Health {
 	h := Health{BreakerOpen: l.Stats().BreakerOpen, Sync: l.syncs.last.Load()}
 	var redis []*RedisStore
