@@ -6,21 +6,24 @@
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test redis chromium bench fuzz example overload
+.PHONY: test redis chromium bench bench-hot fuzz example overload
 
 # Nested modules (own go.mod, so the main module's ./... does not enter
 # them): vetted and tested here, since CI vets only the main module.
-NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel
+NESTED := adapters/envoyrls adapters/grpclimit example example/browsertest middleware/metrics/prometheus middleware/metrics/otel middleware/sluicetest/miniredis
 
 # The browser test writes its screenshots of the operator page here, for CI
 # to keep as artifacts, and logs their paths.
 export SLUICE_SCREENSHOTS ?= $(CURDIR)/artifacts/screenshots
 
+# The tests run with the key guard on (internal/keyguard): every script
+# sluice sends checks that it touches only the keys it declares. make bench
+# leaves it off, as production does.
 test: redis chromium
-	$(GO) test -race -shuffle=on -timeout 8m ./...
+	SLUICE_KEYGUARD=1 $(GO) test -race -shuffle=on -timeout 8m ./...
 	@set -e; for m in $(NESTED); do \
 		echo "$$m: $(GO) vet, $(GO) test -race"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -race -shuffle=on -timeout 5m ./...); \
+		(cd $$m && $(GO) vet ./... && SLUICE_KEYGUARD=1 $(GO) test -race -shuffle=on -timeout 5m ./...); \
 	done
 
 redis:
@@ -37,6 +40,17 @@ chromium:
 
 bench: redis
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The hot-path budget (BENCHMARKS.md, "The hot path"): what each step of
+# a decision costs, and a decision with each capability configured, on a
+# hot key and on 100,000 keys, from every core; a few minutes. With
+# benchstat on the PATH (go install golang.org/x/perf/cmd/benchstat@latest)
+# it prints the medians.
+HOT_COUNT ?= 3
+HOT_TIME ?= 0.5s
+bench-hot:
+	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(HOT_COUNT) -benchtime $(HOT_TIME) ./middleware/ | tee hotpath.txt
+	@if command -v benchstat >/dev/null 2>&1; then benchstat -filter '.unit:(sec/op OR cpu-ns/op OR allocs/op)' hotpath.txt; fi
 
 example:
 	$(GO) run ./example

@@ -198,7 +198,7 @@ func FuzzXForwardedFor(f *testing.F) {
 		if isFuzzTrusted(peer) {
 			want = refXFF(strings.Split(xff, "\n"), peer)
 		}
-		if w := ipKey(want, 32, 128); key != w {
+		if w := ipKey(nil, want, 32, 128); key != w {
 			t.Fatalf("X-Forwarded-For %q from %q: key = %q, reference %q", xff, remote, key, w)
 		}
 	})

@@ -62,14 +62,14 @@ func remoteIP(v4Bits, v6Bits int) Func {
 			// Most peers are IPv4 addresses keyed on their own: the key
 			// is the address as written.
 			if host, ok := plainIPv4(remote); ok {
-				return textKey(host), nil
+				return textKey(r, host), nil
 			}
 		}
 		addr, ok := parseHost(remote)
 		if !ok {
 			return "", errBadRemoteAddr
 		}
-		return ipKey(addr, v4Bits, v6Bits), nil
+		return ipKey(r, addr, v4Bits, v6Bits), nil
 	}
 }
 
@@ -121,25 +121,29 @@ func checkPrefixBits(v4Bits, v6Bits int) error {
 	return nil
 }
 
-// ipKey returns "ip:" followed by the canonical form of addr. The key is
-// built in a stack buffer, so the string conversion is its only allocation.
-func ipKey(addr netip.Addr, v4Bits, v6Bits int) string {
+// ipKey returns "ip:" followed by the canonical form of addr, carved for
+// r (see carve). The key is built in a stack buffer.
+func ipKey(r Request, addr netip.Addr, v4Bits, v6Bits int) string {
 	var buf [64]byte // "ip:" + the longest IPv6 text (39) + "/128"
 	b := append(buf[:0], "ip:"...)
 	b = keytext.AppendIP(b, addr, v4Bits, v6Bits)
-	return carve(b)
+	return carve(r, b)
 }
 
 // textKey returns "ip:" followed by host, which is already in canonical
 // form (see plainIPv4), at most 15 bytes.
-func textKey(host string) string {
+func textKey(r Request, host string) string {
 	var buf [24]byte
-	return carve(append(append(buf[:0], "ip:"...), host...))
+	return carve(r, append(append(buf[:0], "ip:"...), host...))
 }
 
 // carve returns a copy of b carved from a shared chunk: a fraction of an
-// allocation per key.
-func carve(b []byte) string {
+// allocation per key. The chunk is r's when r carries one (the request
+// view of package middleware's Handler), else one of a pool's.
+func carve(r Request, b []byte) string {
+	if h, ok := r.(arena.Holder); ok {
+		return h.Arena().String(b)
+	}
 	a := arena.Get()
 	k := a.String(b)
 	arena.Put(a)

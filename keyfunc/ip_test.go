@@ -226,8 +226,8 @@ func TestPlainIPv4(t *testing.T) {
 		switch {
 		case ok && !parsed:
 			t.Fatalf("plainIPv4(%q) = %q, but parseHost rejects it", s, host)
-		case ok && ipKey(addr, 32, 64) != "ip:"+host:
-			t.Fatalf("plainIPv4(%q) = %q, but the key of the parsed address is %q", s, host, ipKey(addr, 32, 64))
+		case ok && ipKey(nil, addr, 32, 64) != "ip:"+host:
+			t.Fatalf("plainIPv4(%q) = %q, but the key of the parsed address is %q", s, host, ipKey(nil, addr, 32, 64))
 		case !ok && parsed && addr.Is4() && !strings.ContainsAny(s, "[%") && !strings.HasPrefix(s, "::"):
 			t.Fatalf("plainIPv4(%q) rejects an IPv4 address parseHost accepts", s)
 		}

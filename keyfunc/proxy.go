@@ -189,7 +189,7 @@ func (p *proxy) key(r Request) (string, error) {
 			}
 		}
 	}
-	return ipKey(client, p.v4Bits, p.v6Bits), nil
+	return ipKey(r, client, p.v4Bits, p.v6Bits), nil
 }
 
 // isTrusted reports whether addr is in one of the trusted prefixes.

@@ -22,6 +22,8 @@ type adminTop struct {
 	Total       uint64           `json:"total"`
 	ErrorBound  uint64           `json:"error_bound"`
 	Dropped     uint64           `json:"dropped"`
+	Samples     uint64           `json:"samples"`
+	Threshold   uint64           `json:"threshold"`
 	Servers     int              `json:"servers"`
 	ServerNames []string         `json:"server_names,omitempty"`
 	LagMs       int64            `json:"lag_ms"`
@@ -32,9 +34,13 @@ type adminTop struct {
 }
 
 type adminTopClient struct {
-	Key        string `json:"key"`
-	Count      uint64 `json:"count"`
-	Error      uint64 `json:"error"`
+	Key   string `json:"key"`
+	Count uint64 `json:"count"`
+	Error uint64 `json:"error"`
+	// Low and High hold the client's true units with probability 99 %
+	// (TopList.Bounds): [Count − Error, Count] widened by the sampling.
+	Low        uint64 `json:"low_99"`
+	High       uint64 `json:"high_99"`
 	FirstSeen  string `json:"first_seen"`
 	Banned     bool   `json:"banned"`
 	BanUntil   string `json:"ban_until,omitempty"`
@@ -75,13 +81,14 @@ func (a *admin) serveTop(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out := adminTop{Rule: rule, By: by.String(), Period: period.String(), K: l.K, Total: l.Total, ErrorBound: l.ErrorBound,
-		Dropped: l.Dropped, Servers: l.Servers, ServerNames: l.ServerNames, LagMs: l.Lag.Milliseconds(),
+		Dropped: l.Dropped, Samples: l.Samples, Threshold: l.Threshold, Servers: l.Servers, ServerNames: l.ServerNames, LagMs: l.Lag.Milliseconds(),
 		At: l.At.UTC().Format(time.RFC3339Nano), HashedKeys: len(a.cfg.HashKeys) > 0, Clients: make([]adminTopClient, len(l.Clients))}
 	if l.FleetErr != nil {
 		out.FleetError = "store unavailable: the list is this server's"
 	}
 	for i, c := range l.Clients {
 		tc := adminTopClient{Key: a.show(c.Key), Count: c.Count, Error: c.Error, FirstSeen: c.FirstSeen.UTC().Format(time.RFC3339)}
+		tc.Low, tc.High = l.Bounds(c, 0.99)
 		if u, ok := bans[c.Key]; ok {
 			tc.Banned, tc.BanUntil = true, u.UTC().Format(time.RFC3339)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/headers"
 	"github.com/sluicehq/sluice/internal/headerwrite"
+	"github.com/sluicehq/sluice/internal/hitters"
 	"github.com/sluicehq/sluice/internal/httptoken"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/internal/rulename"
@@ -43,6 +44,9 @@ type compiledRule struct {
 	// rule has AdaptiveConcurrency or a Priority, and overloadOnly that it
 	// has nothing else.
 	elastic, overloadRule, overloadOnly bool
+	// top is the rule's sampling gates for the top-client tracker, bound
+	// by SetRules; nil when the rule is not tracked.
+	top *hitters.Gates
 }
 
 // condition is one header or query parameter a rule requires.

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/arena"
 	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
+	"github.com/sluicehq/sluice/internal/hitters"
 	"github.com/sluicehq/sluice/internal/pathmatch"
 	"github.com/sluicehq/sluice/keyfunc"
 )
@@ -17,7 +19,16 @@ import (
 // decideTo is Decide writing its Result to res, which must be zero: the
 // Result, some 300 bytes, is then never copied on the way.
 func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
-	err := l.decide(r, res)
+	s := scratchPool.Get().(*scratch)
+	err := l.decideIn(s, r, res)
+	s.release()
+	return err
+}
+
+// decideIn is decideTo with the scratch s, which the caller gives back
+// (after using its arena, as Handler does for the headers).
+func (l *Limiter) decideIn(s *scratch, r keyfunc.Request, res *Result) error {
+	err := l.decide(s, r, res)
 	if err != nil {
 		switch {
 		case res.Outcome != 0:
@@ -33,14 +44,25 @@ func (l *Limiter) decideTo(r keyfunc.Request, res *Result) error {
 	return err
 }
 
-// decide decides r into res, which must be zero. It runs the steps of a
-// decision in order; each step either leaves the decision to the next or
-// ends it, with res written.
-func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
+// decide decides r into res, which must be zero, with the scratch s. It
+// runs the steps of a decision in order (decideWith); each step either
+// leaves the decision to the next or ends it, with res written. A
+// capability that no rule in force uses is no step at all: the ruleSet's
+// flags, fixed when the rules were set, skip it without a lock, a map
+// lookup or an atomic operation. Its last step notes the decision for the
+// top clients.
+func (l *Limiter) decide(s *scratch, r keyfunc.Request, res *Result) error {
 	set := l.rules.Load()
-	s := scratchPool.Get().(*scratch)
-	defer l.released(s, res)
+	s.fleet = set.fleet
+	err := l.decideWith(set, r, s, res)
+	if t := l.top.t; t != nil && res.Applied {
+		l.noteTop(t, s, res)
+	}
+	return err
+}
 
+// decideWith is decide with the rules in force and a scratch.
+func (l *Limiter) decideWith(set *ruleSet, r keyfunc.Request, s *scratch, res *Result) error {
 	matched, err := l.matchRules(set, r, s, res)
 	if err != nil {
 		return err
@@ -49,11 +71,21 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 		l.denyRule(s.blocked, res)
 		return nil
 	}
+	if !set.overload && (!set.signals || l.ov.measured() == nil) {
+		return l.decideLimits(set, matched, r, s, res)
+	}
 	oh, shed := l.admitOverload(r, s, res)
 	if shed {
 		return nil
 	}
 	defer l.settleOverload(oh, s, res)
+	return l.decideLimits(set, matched, r, s, res)
+}
+
+// decideLimits is the part of decideWith after overload protection: the
+// request's bans and pauses, its concurrency slots, its charges and its
+// turn in a queue.
+func (l *Limiter) decideLimits(set *ruleSet, matched bool, r keyfunc.Request, s *scratch, res *Result) error {
 	if len(s.charges) == 0 && len(s.shadow) == 0 && len(s.slots) == 0 {
 		l.unlimited(matched, s, res)
 		return nil
@@ -63,7 +95,7 @@ func (l *Limiter) decide(r keyfunc.Request, res *Result) error {
 	if l.cfg.clock != nil {
 		now = l.cfg.clock()
 	}
-	s.counting, s.banning = set.counting, set.banning || l.clients.overrides.Len() > 0
+	s.counting, s.banning = set.counting, set.banning || set.overrides
 	if s.banning && !l.cfg.shadow && len(s.charges) > 0 && l.banned(ctx, now, r, s) {
 		s.result(res, false, s.charges, s.decisions, s.metas)
 		res.Banned, res.Outcome = true, OutcomeDenied
@@ -137,7 +169,7 @@ func (l *Limiter) matchRules(set *ruleSet, r keyfunc.Request, s *scratch, res *R
 		if rule.overloadRule && s.noteOverload(rule) {
 			continue
 		}
-		if err := l.addCharges(s, rule, r); err != nil {
+		if err := l.addCharges(s, rule, r, set.overrides); err != nil {
 			if errors.Is(err, keyfunc.ErrNoKey) && l.cfg.noKey == NoKeyAllow {
 				continue
 			}
@@ -202,7 +234,7 @@ func (l *Limiter) charge(ctx context.Context, now time.Time, r keyfunc.Request, 
 	case s.usage:
 		// Usage limits in lease or write-back mode settle through the
 		// coordination layer (settleThroughFleet); the others exactly.
-		if fleetUsage = l.syncs.store.Load(); fleetUsage == nil {
+		if fleetUsage = s.fleet; fleetUsage == nil {
 			s.atp = &s.at
 		}
 	}
@@ -251,7 +283,7 @@ func (l *Limiter) waitTurn(ctx context.Context, now time.Time, r keyfunc.Request
 // included.
 func (l *Limiter) chargeShadow(ctx context.Context, now time.Time, r keyfunc.Request, s *scratch, res *Result) {
 	s.shadowDec = grow(s.shadowDec, len(s.shadow))
-	allowed, err := l.take(ctx, now, s.shadow, s.shadowDec)
+	allowed, err := l.take(ctx, now, s.fleet, s.shadow, s.shadowDec)
 	if err != nil {
 		l.cfg.report(r, err)
 	} else if !allowed {
@@ -294,17 +326,18 @@ func (l *Limiter) outcome(s *scratch, res *Result, d *decision) {
 	}
 }
 
-// take asks the store to decide charges at now. takeAt is take for
-// charges that include some of rules that count by outcome: *at is set to the
-// instant the store admitted them at (zero if it did not), and denials are
-// not remembered by the deny cache, since the charges of requests in
-// flight may yet be given back.
-func (l *Limiter) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
-	return l.takeAt(ctx, now, charges, out, nil)
+// take asks the store to decide charges at now, through fs, the
+// coordination layer of lease and write-back rules, when it is not nil
+// (ruleSet.fleet). takeAt is take for charges that include some of rules
+// that count by outcome: *at is set to the instant the store admitted them
+// at (zero if it did not), and denials are not remembered by the deny
+// cache, since the charges of requests in flight may yet be given back.
+func (l *Limiter) take(ctx context.Context, now time.Time, fs *fleetstore.Store, charges []Charge, out []Decision) (bool, error) {
+	return l.takeAt(ctx, now, fs, charges, out, nil)
 }
 
 // takeAt is take that, when at is not nil, also sets *at (see take).
-func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
+func (l *Limiter) takeAt(ctx context.Context, now time.Time, fs *fleetstore.Store, charges []Charge, out []Decision, at *time.Time) (bool, error) {
 	dc := l.cfg.denyCache
 	var local time.Time
 	if dc != nil {
@@ -337,7 +370,7 @@ func (l *Limiter) takeAt(ctx context.Context, now time.Time, charges []Charge, o
 	if o != nil {
 		began = time.Now()
 	}
-	ok, err := l.storeTake(l.cfg.store, ctx, now, charges, out, at)
+	ok, err := l.storeTake(l.cfg.store, fs, ctx, now, charges, out, at)
 	if o != nil {
 		o.StoreCalled(time.Since(began), err)
 	}
@@ -366,7 +399,7 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	case FailClosed:
 		return Result{Outcome: OutcomeError, Rule: s.charges[0].Name}, err
 	case FailLocal:
-		allowed, ferr := l.storeTake(l.cfg.fallback, ctx, now, s.charges, s.decisions, s.atp)
+		allowed, ferr := l.storeTake(l.cfg.fallback, nil, ctx, now, s.charges, s.decisions, s.atp)
 		s.store = l.cfg.fallback
 		if ferr == nil {
 			var res Result
@@ -379,8 +412,9 @@ func (l *Limiter) storeFailed(ctx context.Context, now time.Time, r keyfunc.Requ
 	return Result{Allowed: true, StoreErr: err, Outcome: OutcomeFailedOpen, Rule: s.charges[0].Name}, nil
 }
 
-// addCharges appends the charges of rule for r to s.
-func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) error {
+// addCharges appends the charges of rule for r to s; overrides says
+// whether any client has an override (ruleSet.overrides).
+func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request, overrides bool) error {
 	key, err := rule.Key(r)
 	if err != nil {
 		return fmt.Errorf("sluice: rule %q: %w", rule.Name, err)
@@ -422,7 +456,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 			return err
 		}
 	}
-	if l.clients.overrides.Len() > 0 {
+	if overrides {
 		if cl := l.overrideFor(rule, key); cl != nil {
 			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
 			elastic = false // overrides have no Ceiling
@@ -438,14 +472,14 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request) 
 	}
 	for i, lim := range limits {
 		*dst = append(*dst, Charge{Key: key, Name: rule.Name, Limit: lim, Cost: cost})
-		m := chargeMeta{name: names[i], nominal: &nominal[i], policy: policy}
+		m := chargeMeta{name: names[i], nominal: &nominal[i], policy: policy, top: rule.top}
 		if prepared != nil {
 			m.prepared = prepared[i]
 		}
 		*metas = append(*metas, m)
 	}
 	if rule.usage != nil {
-		s.addUsage(rule.usage, key, r)
+		s.addUsage(rule.usage, key, r, rule.top)
 	}
 	return nil
 }
@@ -510,9 +544,19 @@ type scratch struct {
 	usageAlt []Charge
 	usageDec []Decision
 	overloadScratch
+	// fleet is the coordination layer of lease and write-back rules, nil
+	// if no rule in force needs it (ruleSet.fleet).
+	fleet *fleetstore.Store
+	// arena carves the request's keys and header values (Handler), sparing
+	// trips to the arenas' pool; it stays with the scratch. view is
+	// Handler's view of the request, which carries it.
+	arena arena.Arena
+	view  httpView
 	// topShard is the shard of the top-client tracker's ring this scratch
-	// puts its events in (from 1; 0 until it first does).
+	// puts its events in (from 1; 0 until it first does), and rng its
+	// draws for the tracker's sampling gates.
 	topShard uint32
+	rng      hitters.Rand
 }
 
 // chargeMeta is what the result needs about each charge beyond the Store's
@@ -526,16 +570,21 @@ type chargeMeta struct {
 	// the request's estimate on it.
 	usage    *compiledUsage
 	estimate int
+	// top is the sampling gates of the charge's rule (nil if untracked).
+	top *hitters.Gates
 }
 
 var scratchPool = sync.Pool{New: func() any {
-	return &scratch{
+	s := &scratch{
 		charges:   make([]Charge, 0, 4),
 		decisions: make([]Decision, 0, 4),
 		metas:     make([]chargeMeta, 0, 4),
 	}
+	s.rng.Seed()
+	return s
 }}
 
+// release clears s and gives it back to the pool.
 func (s *scratch) release() {
 	clear(s.charges)
 	clear(s.shadow)
@@ -544,7 +593,8 @@ func (s *scratch) release() {
 	clear(s.slots)
 	s.slots = s.slots[:0]
 	s.blocked, s.shadowBlocked = nil, nil
-	s.at, s.atp, s.store, s.counting, s.banning = time.Time{}, nil, nil, nil, false
+	s.at, s.atp, s.store, s.counting, s.banning, s.fleet = time.Time{}, nil, nil, nil, false, nil
+	s.view = httpView{}
 	s.usage = false
 	clear(s.usageAlt)
 	s.overloadScratch.reset()
@@ -561,15 +611,17 @@ func grow[T any](s []T, n int) []T {
 }
 
 // storeTake asks store to decide charges at now, with TakeAt when at is
-// not nil (see take).
-func (l *Limiter) storeTake(store Store, ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
-	if at == nil && store == l.cfg.store {
-		if fs := l.syncs.store.Load(); fs != nil {
-			// Rules in lease or write-back mode (sync.go).
-			return fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
-		}
+// not nil (see take), through fs when it is not nil (rules in lease or
+// write-back mode, sync.go).
+func (l *Limiter) storeTake(store Store, fs *fleetstore.Store, ctx context.Context, now time.Time, charges []Charge, out []Decision, at *time.Time) (bool, error) {
+	if at == nil && fs != nil {
+		return fs.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 	}
 	if at == nil {
+		if m, ok := store.(*MemoryStore); ok {
+			// The charges of rules, checked when they were compiled.
+			return m.takeValid(ctx, now, charges, out)
+		}
 		return store.Take(ctx, now, charges, out)
 	}
 	rf, ok := store.(Refunder)

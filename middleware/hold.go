@@ -86,7 +86,7 @@ func (l *Limiter) acquire(ctx context.Context, now time.Time, r keyfunc.Request,
 				Applied: true, Policy: q.rule.Name, Limit: Limit{Requests: q.rule.Concurrency},
 				Remaining: 0, RetryAfter: ConcurrencyRetryAfter, NextAfter: ConcurrencyRetryAfter,
 				Concurrency: true, InFlight: held, status: q.rule.ConcurrencyStatus,
-				Rule: q.rule.Name, key: q.key,
+				Rule: q.rule.Name, key: q.key, top: q.rule.top,
 			}, shadowed, nil
 		}
 		if h == nil {

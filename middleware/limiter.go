@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/headers"
+	"github.com/sluicehq/sluice/internal/arena"
+	"github.com/sluicehq/sluice/internal/fleetstore"
 	"github.com/sluicehq/sluice/internal/headerwrite"
 	"github.com/sluicehq/sluice/keyfunc"
 )
@@ -22,6 +24,9 @@ var ErrStore = errors.New("sluice: store failed")
 // Limiter decides whether requests are within their limits.
 type Limiter struct {
 	rules atomic.Pointer[ruleSet]
+	// setMu orders the replacements of the rules in force that note
+	// whether overrides exist (SetRules, setOverrides).
+	setMu sync.Mutex
 	cfg   config
 	renew renewer
 	// waiting counts the requests waiting for a leaky bucket's turn.
@@ -42,6 +47,11 @@ type Limiter struct {
 	pauses pauseState
 }
 
+// ruleSet is the rules in force, with what decide needs to know of them
+// to skip, without a lock, a map lookup or an atomic operation, every
+// capability that none of them uses. It is replaced whole (SetRules, and
+// setOverrides when the first override comes or the last goes), never
+// changed once in force.
 type ruleSet struct {
 	rules []*compiledRule
 	// counting are the rules that count by outcome (Rule.Count).
@@ -49,8 +59,16 @@ type ruleSet struct {
 	// banning is set when a limit has a Ban (or a rule a LimitsFunc, whose
 	// limits may).
 	banning bool
-	// overload reports that a rule has AdaptiveConcurrency.
-	overload bool
+	// overload reports that a rule has AdaptiveConcurrency, and signals
+	// that a rule may need the Limiter's capacity signal (an elastic
+	// limit, or a LimitsFunc, whose limits may be elastic) or that the
+	// signal is running: decide then asks whether it is.
+	overload, signals bool
+	// overrides reports that some client has an override (SetOverride).
+	overrides bool
+	// fleet is the coordination layer of lease and write-back rules, nil
+	// if there has been none.
+	fleet *fleetstore.Store
 }
 
 // New returns a Limiter that applies one limit to every request, counted per
@@ -80,6 +98,7 @@ func NewRules(rules []Rule, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	l.unmatched.Store(uint32(l.cfg.unmatched))
+	l.clients.overrides.OnEmpty = func(empty bool) { l.setOverrides(!empty) }
 	l.startTop()
 	l.bindPauses()
 	if err := l.SetRules(rules); err != nil {
@@ -118,13 +137,36 @@ func (l *Limiter) SetRules(rules []Rule) error {
 	if err := l.bindSync(set); err != nil {
 		return err
 	}
+	set.fleet = l.syncs.store.Load()
 	if rs, ok := l.cfg.store.(*RegionStore); ok {
 		rs.bindScopes(set)
 	}
 	l.bindOverload(set)
+	set.signals = l.ov.measured() != nil
+	for _, r := range set.rules {
+		set.signals = set.signals || r.elastic || r.LimitsFunc != nil
+	}
 	l.bindTop(set)
+	l.setMu.Lock()
+	set.overrides = l.clients.overrides.Len() > 0
 	l.rules.Store(set)
+	l.setMu.Unlock()
 	return nil
+}
+
+// setOverrides puts in force a copy of the rules in force that says
+// whether some client has an override: the overrides table calls it when
+// its first override comes or its last goes.
+func (l *Limiter) setOverrides(some bool) {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	cur := l.rules.Load()
+	if cur == nil || cur.overrides == some {
+		return
+	}
+	next := *cur
+	next.overrides = some
+	l.rules.Store(&next)
 }
 
 func compileRules(rules []Rule) (*ruleSet, error) {
@@ -192,6 +234,13 @@ func (l *Limiter) Decide(r keyfunc.Request) (Result, error) {
 // WriteHeaders sets the rate-limit fields of res on s in the limiter's
 // header style. It writes nothing when no limit applied.
 func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
+	a := arena.Get()
+	l.writeHeadersIn(a, s, res)
+	arena.Put(a)
+}
+
+// writeHeadersIn is WriteHeaders carving the values from a.
+func (l *Limiter) writeHeadersIn(a *arena.Arena, s headers.Setter, res *Result) {
 	if res.blocked {
 		return
 	}
@@ -217,7 +266,7 @@ func (l *Limiter) WriteHeaders(s headers.Setter, res *Result) {
 	if res.Allowed {
 		v.RetryAfter = 0
 	}
-	headerwrite.Write(s, headerwrite.Style(l.cfg.style), &v, res.prepared)
+	headerwrite.WriteIn(a, s, headerwrite.Style(l.cfg.style), &v, res.prepared)
 }
 
 // Handler returns middleware that rate-limits next: requests within their
@@ -231,11 +280,16 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			return
 		}
 		var res Result
-		if err := l.decideTo(keyfunc.FromHTTP(r), &res); err != nil {
+		// One scratch for the decision and the headers' values.
+		s := scratchPool.Get().(*scratch)
+		s.view = httpView{r, &s.arena}
+		if err := l.decideIn(s, &s.view, &res); err != nil {
+			s.release()
 			l.cfg.onError(w, r, err)
 			return
 		}
-		l.WriteHeaders(w.Header(), &res)
+		l.writeHeadersIn(&s.arena, w.Header(), &res)
+		s.release()
 		if !res.Allowed {
 			denied := res // a copy, so that res itself stays on the stack
 			l.cfg.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey, &denied)))

@@ -76,6 +76,12 @@ func (m *MemoryStore) Take(ctx context.Context, now time.Time, charges []Charge,
 	return m.s.Take(ctx, now, internalCharges(charges), internalDecisions(out))
 }
 
+// takeValid is Take for the charges of the Limiter's rules, whose limits
+// were checked when they were compiled (memstore.Store.TakeValid).
+func (m *MemoryStore) takeValid(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	return m.s.TakeValid(ctx, now, internalCharges(charges), internalDecisions(out))
+}
+
 // GiveBack gives back the places of charges admitted with a Delay. It
 // implements Returner.
 func (m *MemoryStore) GiveBack(ctx context.Context, now time.Time, charges []Charge) error {

@@ -130,9 +130,6 @@ func (s *scratch) noteOverload(rule *compiledRule) (only bool) {
 // the request, all or nothing. When one refuses, it writes the denial to
 // res and reports it.
 func (l *Limiter) admitOverload(r keyfunc.Request, s *scratch, res *Result) (*overloadHold, bool) {
-	if !l.rules.Load().overload && l.ov.measured() == nil {
-		return nil, false
-	}
 	now := l.overloadNow()
 	oh := &overloadHold{began: now}
 	if len(s.adaptive) == 0 {
@@ -316,7 +313,7 @@ func (l *Limiter) elasticLimits(s *scratch, base int, nominal []Limit, names []s
 // counter, and when the only charges denied are elastic ones with
 // headroom open, again with those charged to their headroom's counters.
 func (l *Limiter) takeElastic(ctx context.Context, now time.Time, s *scratch) (bool, error) {
-	allowed, err := l.takeAt(ctx, now, s.charges, s.decisions, s.atp)
+	allowed, err := l.takeAt(ctx, now, s.fleet, s.charges, s.decisions, s.atp)
 	if err != nil || allowed || len(s.elastic) == 0 {
 		return allowed, err
 	}
@@ -339,7 +336,7 @@ func (l *Limiter) takeElastic(ctx context.Context, now time.Time, s *scratch) (b
 		return false, nil
 	}
 	s.elDec = grow(s.elDec, len(s.elAlt))
-	ok, err := l.take(ctx, now, s.elAlt, s.elDec)
+	ok, err := l.take(ctx, now, s.fleet, s.elAlt, s.elDec)
 	if err != nil {
 		// The first answer stands: the limits' own counters denied.
 		l.cfg.report(nil, err)

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redispipe"
+	"github.com/sluicehq/sluice/internal/redisprobe"
 	"github.com/sluicehq/sluice/internal/redisstore"
 	"github.com/sluicehq/sluice/internal/window"
 )
@@ -123,6 +125,14 @@ type RedisConfig struct {
 // the size of each batch, to its Observers (see ObservableStore): a
 // Limiter adds its own in New and removes them in Close.
 //
+// NewRedisStore probes the server (one script that writes nothing, bounded
+// by a second): a server that answers that it lacks what the scripts need
+// (Redis before 7.0, miniredis without the struct library that
+// middleware/sluicetest/miniredis adds, a server without scripting) is
+// refused with an error naming what it lacks; docs/compatibility.md lists
+// what works. A server that does not answer is not refused: the failure
+// policy covers it.
+//
 // What operating Redis does to the limits (docs/redis.md, "Running
 // Redis"):
 //
@@ -161,6 +171,14 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) 
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
 		return nil, err
+	}
+	prefix := cfg.Prefix
+	if prefix == "" {
+		prefix = redisstore.DefaultPrefix
+	}
+	if err := redisprobe.Check(context.Background(), client, prefix); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("sluice: NewRedisStore: %w", err)
 	}
 	rs.s = s
 	return rs, nil

@@ -182,7 +182,8 @@ type RegionStore struct {
 
 // NewRegionStore returns a RegionStore and, unless cfg.Manual, starts its
 // syncer (ticking every 50 ms; each counter syncs at its rule's
-// SyncInterval). Close stops it.
+// SyncInterval). Close stops it. Through NewRedisStore, it probes the
+// region's Redis (docs/compatibility.md).
 func NewRegionStore(cfg RegionConfig) (*RegionStore, error) {
 	if cfg.Region == "" || cfg.Redis == nil {
 		return nil, errors.New("sluice: RegionConfig: Region and Redis are required")
@@ -359,6 +360,14 @@ func (s *RegionStore) Reset(ctx context.Context, charges []Charge) error {
 
 // Take decides charges at one instant; see RegionStore and Store.
 func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, error) {
+	ok, _, err := s.take(ctx, now, charges, out)
+	return ok, err
+}
+
+// take is Take that also returns the instant it decided at, on the clock
+// of the Redis that decided (Unix ms; 0 if none did): the region's own,
+// or the home region's for a request of ScopeGlobalStrict charges only.
+func (s *RegionStore) take(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, int64, error) {
 	scopes := s.scopesNow()
 	var global, strict, local []int
 	for i := range charges {
@@ -372,7 +381,8 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 		}
 	}
 	if len(global) == 0 && len(strict) == 0 {
-		return s.local.Take(ctx, now, charges, out)
+		ok, at, err := s.local.TakeAt(ctx, now, charges, out)
+		return ok, at.UnixMilli(), err
 	}
 	ms := s.at(now)
 	type taken struct {
@@ -386,17 +396,21 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 		}
 	}
 	ok := true
+	var at int64
 	for _, i := range global {
 		c := &charges[i]
 		rc, err := s.global(c, scopes[c.Name])
 		if err != nil {
 			refund()
-			return false, err
+			return false, 0, err
 		}
 		d, err := s.g.Decide(ctx, ms, rc)
 		if err != nil {
 			refund()
-			return false, err
+			return false, 0, err
+		}
+		if at == 0 {
+			at = d.Now
 		}
 		out[i] = globalDecision(rc, d, d.Now)
 		if d.Allowed && rc.Cost > 0 {
@@ -406,7 +420,7 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 	}
 	if !ok {
 		refund()
-		return false, nil
+		return false, at, nil
 	}
 	for _, g := range [2]struct {
 		idx []int
@@ -420,16 +434,19 @@ func (s *RegionStore) Take(ctx context.Context, now time.Time, charges []Charge,
 		for j, i := range g.idx {
 			sub[j] = charges[i]
 		}
-		ok, err := g.st.Take(ctx, now, sub, subOut)
+		ok, when, err := g.st.TakeAt(ctx, now, sub, subOut)
+		if at == 0 && err == nil {
+			at = when.UnixMilli()
+		}
 		for j, i := range g.idx {
 			out[i] = subOut[j]
 		}
 		if err != nil || !ok {
 			refund()
-			return false, err
+			return false, at, err
 		}
 	}
-	return true, nil
+	return true, at, nil
 }
 
 // globalDecision describes a global decision at now (Unix ms).

@@ -121,3 +121,37 @@ func TestRegionStoreRedisClock(t *testing.T) {
 		t.Errorf("Peek: %+v, %v; want nothing left, a reset within the hour", st, err)
 	}
 }
+
+// TestRegionStoreTakeAtRedisClock: without a clock, TakeAt returns the
+// instant the Redis that decided read (TIME), not this server's: what
+// Refund takes a charge back at, so that it finds the window the charge
+// was counted in even when the app server's clock is off. The decision's
+// reset then ends its window exactly, on a window's boundary.
+func TestRegionStoreTakeAtRedisClock(t *testing.T) {
+	t.Parallel()
+	srv, peer := redistest.Standalone(t), redistest.Standalone(t)
+	prefix := srv.Prefix(t)
+	s, err := NewRegionStore(RegionConfig{
+		Region: "us", Redis: srv.Client(t, nil), Peers: map[string]redis.UniversalClient{"eu": peer.Client(t, nil)},
+		Prefix: prefix + "rg:", Manual: true, RedisConfig: RedisConfig{Prefix: prefix},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := NewRules([]Rule{{Name: "g", Key: fixedKey, Limits: []Limit{PerSecond(1000).FixedWindow()}, Scope: ScopeGlobal}}, WithStore(s)); err != nil {
+		t.Fatal(err)
+	}
+	lim := PerSecond(1000).FixedWindow()
+	for range 50 {
+		cs := []Charge{{Key: "client", Name: "g", Limit: lim, Cost: 1}}
+		out := make([]Decision, 1)
+		ok, at, err := s.TakeAt(context.Background(), time.Time{}, cs, out)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if end := at.Add(out[0].ResetAfter).UnixMilli(); end%1000 != 0 {
+			t.Fatalf("TakeAt at %d, reset %s: the window ends at %d, not on a second", at.UnixMilli(), out[0].ResetAfter, end)
+		}
+	}
+}

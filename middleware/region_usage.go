@@ -8,19 +8,22 @@ import (
 	"github.com/sluicehq/sluice/internal/regions"
 )
 
-// TakeAt is Take that also returns the instant it decided at: now, or the
-// store's clock (cfg.Now, else this server's) when now is the zero time;
-// see Refunder.
+// TakeAt is Take that also returns the instant it decided at: the one the
+// Redis that decided read (the region's own, or the home region's for
+// ScopeGlobalStrict charges alone), so that Refund takes the charges off
+// the windows they were counted in whatever this server's clock says; now
+// or RegionConfig.Now when one was given. See Refunder.
 func (s *RegionStore) TakeAt(ctx context.Context, now time.Time, charges []Charge, out []Decision) (bool, time.Time, error) {
-	ok, err := s.Take(ctx, now, charges, out)
-	if now.IsZero() {
-		if s.fake {
-			now = s.cfg.Now()
-		} else {
-			now = time.Now()
-		}
+	ok, at, err := s.take(ctx, now, charges, out)
+	switch {
+	case at != 0:
+		return ok, time.UnixMilli(at), err
+	case !now.IsZero():
+		return ok, now, err
+	case s.fake:
+		return ok, s.cfg.Now(), err
 	}
-	return ok, now, err
+	return ok, time.Time{}, err
 }
 
 // Refund gives back charges admitted at at: those of ScopeGlobal rules off

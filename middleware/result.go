@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/headerwrite"
+	"github.com/sluicehq/sluice/internal/hitters"
 )
 
 // Outcome is how a request was decided, as reported to Observer.Decided
@@ -156,6 +157,9 @@ type Result struct {
 	blocked  bool        // denied by a Deny rule
 	// prepared is the binding limit's fixed header text, if it has one.
 	prepared *headerwrite.Prepared
+	// top is the sampling gates of the binding limit's rule, for the
+	// top-client tracker (nil if untracked).
+	top *hitters.Gates
 }
 
 // result folds the decisions of one store call into res, which must be
@@ -182,7 +186,7 @@ func (s *scratch) result(res *Result, allowed bool, charges []Charge, ds []Decis
 		if u := metas[i].usage; u != nil {
 			res.Rule = u.rule
 		}
-		res.prepared = metas[i].prepared
+		res.prepared, res.top = metas[i].prepared, metas[i].top
 		res.ResetAfter, res.RetryAfter, res.NextAfter, res.Cost = d.ResetAfter, d.RetryAfter, d.NextAfter, charges[i].Cost
 	}
 	if allowed {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/fleetstore"
+	"github.com/sluicehq/sluice/internal/hitters"
 	"github.com/sluicehq/sluice/internal/usage"
 	"github.com/sluicehq/sluice/keyfunc"
 )
@@ -336,11 +337,11 @@ func (u *compiledUsage) estimate(r keyfunc.Request) int {
 
 // addUsage appends the usage charges of rule for r, whose key is key, to
 // s.
-func (s *scratch) addUsage(u *compiledUsage, key string, r keyfunc.Request) {
+func (s *scratch) addUsage(u *compiledUsage, key string, r keyfunc.Request, top *hitters.Gates) {
 	e := u.estimate(r)
 	for i, lim := range u.Limits {
 		s.charges = append(s.charges, Charge{Key: key, Name: u.name, Limit: lim, Cost: e})
-		s.metas = append(s.metas, chargeMeta{name: u.names[i], nominal: &u.Limits[i], policy: u.policy, prepared: u.prepared[i], usage: u, estimate: e})
+		s.metas = append(s.metas, chargeMeta{name: u.names[i], nominal: &u.Limits[i], policy: u.policy, prepared: u.prepared[i], usage: u, estimate: e, top: top})
 	}
 	s.usage = true
 }
@@ -373,7 +374,7 @@ func (l *Limiter) retryUsage(ctx context.Context, now time.Time, s *scratch) boo
 		}
 	}
 	s.usageDec = grow(s.usageDec, len(s.usageAlt))
-	ok, err := l.takeAt(ctx, now, s.usageAlt, s.usageDec, s.atp)
+	ok, err := l.takeAt(ctx, now, s.fleet, s.usageAlt, s.usageDec, s.atp)
 	if err != nil {
 		l.cfg.report(nil, err)
 		return false

@@ -25,21 +25,55 @@ const DefaultTopPublish = 5 * time.Second
 // For each rule, the Limiter keeps the clients charged and denied the most
 // units over the last minute (60 to 70 s: six buckets of 10 s and the
 // current one) and the last hour (60 to 70 min, in buckets of 10 min), in
-// Space-Saving summaries of K counters each. With N units in a period, a
-// client's count is at most N/K over its true units (the reported error
-// says how much, per client), and every client with more than N/K units
-// is listed. Memory is bounded whatever keys clients invent: at most
-// rules × 2 × 7 × (2K − 1) keys, each its length plus about 100 bytes (K
-// = 100: about 350 KB per busy rule).
+// Space-Saving summaries of K counters each. Memory is bounded whatever
+// keys clients invent: at most rules × 2 × 7 × (2K − 1) keys, each its
+// length plus about 100 bytes (K = 100: about 350 KB per busy rule).
 //
-// A request pays only to put its rule, key and units in a lock-free ring
-// (no lock, no allocation); a goroutine of the Limiter drains the ring
-// into the summaries every second, and when a shard of the ring
-// fills a quarter (BENCHMARKS.md has the costs). When every core is busy
-// and that goroutine cannot run in time, a request that finds its shard
-// full drains it itself if the summaries are free (never waiting for
-// them); if they are busy, its event is dropped and counted (Dropped in
-// TopList).
+// # Sampling
+//
+// A decision does not hand every event to the summaries: each rule has a
+// gate per kind (charged, denied) that lets an event of u units through
+// with probability min(1, u/z), and a sampled event counts max(u, z)
+// units (threshold sampling). A goroutine of the Limiter sets each gate's
+// threshold z every second (sooner on a burst) so that about Samples
+// events a second go through it: while a rule sees fewer, z is 1 and
+// every event is counted, exactly as without sampling; above, z is about
+// the rule's units a second over Samples. What tracking costs is then
+// bounded whatever the load: a draw per rule of each decision (a few
+// nanoseconds, no lock, no allocation), and for each sampled event its
+// trip through a lock-free ring and the summary (a few hundred
+// nanoseconds), about Samples times a second per rule and kind.
+// BENCHMARKS.md has the costs.
+//
+// # What a list says
+//
+// With N units in the period and S events sampled, z the largest
+// threshold in force over it (TopList.Threshold; TopList.Samples is S):
+//
+//   - A client's count is an unbiased estimate of its true units C, made
+//     of independent terms in [0, z], so it is below C − t with
+//     probability at most exp(−t²/(2zC)), and above C + t with probability
+//     at most exp(−t²/(2z(C + t/3))). TopList.Bounds turns a listed
+//     client's Count and Error into an interval that holds its true
+//     units with a probability you choose.
+//   - The summaries add their own error, as without sampling: a client's
+//     count is at most ErrorBound (≤ the sampled total over K) above its
+//     sampled units, and every client whose sampled units exceed it is
+//     listed.
+//   - Together: a client with a share ε ≥ 3/K of the period's units is
+//     listed with probability at least 1 − exp(−εN/(8z)) − exp(−3N/(28z));
+//     N/z is about S, so over a minute at the default of 1,000 samples a
+//     second (S = 60,000) and K = 100, a client with 3 % of the units
+//     goes unlisted with probability below 10^-90.
+//   - With z = 1 (every event counted) the counts are exact but for the
+//     summaries' error, and the bounds are those of Space-Saving alone.
+//
+// Events arrive in the ring from the requests and are drained into the
+// summaries every second, and when a shard of the ring fills a quarter.
+// When every core is busy and that goroutine cannot run in time, a
+// request that finds its shard full drains it itself if the summaries are
+// free (never waiting for them); if they are busy, its event is dropped
+// and counted (Dropped in TopList).
 //
 // With a store shared by a fleet (Redis), each app server publishes its
 // summaries every Publish (one small write per rule whose summaries
@@ -61,7 +95,17 @@ type TopConfig struct {
 	// a server's stay there after its last write (0 means 80 minutes: the
 	// hour's period and a bucket).
 	Publish, TTL time.Duration
+	// Samples is how many events a second each rule's gates aim to
+	// sample, per kind (0 means DefaultTopSamples): a rule that sees
+	// fewer has every event counted. Less than 0 counts every event
+	// whatever the load, as the tracker did before it sampled: exact
+	// counts, at the cost of every event's trip through the summaries.
+	Samples int
 }
+
+// DefaultTopSamples is how many events a second, per rule and kind, the
+// top-client tracker samples at most unless TopConfig.Samples says.
+const DefaultTopSamples = hitters.DefaultSamples
 
 // WithTopClients configures the tracking of top clients and rates; it is
 // on by default (DefaultTopClients counters per summary).
@@ -132,7 +176,7 @@ func (l *Limiter) startTop() {
 	if tc.Off {
 		return
 	}
-	cfg := hitters.Config{K: tc.K}
+	cfg := hitters.Config{K: tc.K, Samples: tc.Samples}
 	if clk := l.cfg.clock; clk != nil {
 		cfg.Now = func() int64 { return clk().UnixMilli() }
 	}
@@ -162,6 +206,11 @@ func (l *Limiter) bindTop(set *ruleSet) {
 		}
 	}
 	l.top.t.SetRules(ks)
+	for _, r := range set.rules {
+		if !r.Deny {
+			r.top = l.top.t.Gates(r.Name)
+		}
+	}
 }
 
 func (l *Limiter) stopTop() {
@@ -170,36 +219,39 @@ func (l *Limiter) stopTop() {
 	}
 }
 
-// released notes the decision's units for the top clients, then gives s
-// back: the last step of every decision.
-func (l *Limiter) released(s *scratch, res *Result) {
-	if t := l.top.t; t != nil && res.Applied {
-		l.noteTop(t, s, res)
-	}
-	s.release()
-}
-
-// noteTop puts the units res was charged, or denied, in the tracker's
-// ring: every rule of an allowed request (each once, whatever its
-// limits), the binding rule of a denied one. In shadow mode, a request
-// that a limit would have denied counts as denied.
+// noteTop offers the units res was charged, or denied, to the sampling
+// gates of their rules, and puts those sampled in the tracker's ring:
+// every rule of an allowed request (each once, whatever its limits; not
+// its usage limits, counted in other units), the binding rule of a denied
+// one. In shadow mode, a request that a limit would have denied counts as
+// denied.
 func (l *Limiter) noteTop(t *hitters.Tracker, s *scratch, res *Result) {
-	if s.topShard == 0 {
-		s.topShard = t.Shard()
-	}
 	if !res.Allowed || l.cfg.shadow && res.Shadowed && res.ShadowPolicy == "" {
-		if res.key != "" {
-			t.Note(s.topShard, res.Rule, res.key, int64(max(res.Cost, 1)), hitters.Denied)
+		if g := res.top; g != nil && res.key != "" {
+			if smp, ok := g.Draw(&s.rng, hitters.Denied, int64(max(res.Cost, 1))); ok {
+				t.NoteSample(s.shard(t), res.Rule, res.key, smp, hitters.Denied)
+			}
 		}
 		return
 	}
 	for i := range s.charges {
-		c := &s.charges[i]
-		if i > 0 && c.Name == s.charges[i-1].Name && c.Key == s.charges[i-1].Key {
-			continue // a rule's limits are in a row
+		m, c := &s.metas[i], &s.charges[i]
+		if m.top == nil || m.usage != nil ||
+			i > 0 && c.Name == s.charges[i-1].Name && c.Key == s.charges[i-1].Key { // a rule's limits are in a row
+			continue
 		}
-		t.Note(s.topShard, c.Name, c.Key, int64(c.Cost), hitters.Charged)
+		if smp, ok := m.top.Draw(&s.rng, hitters.Charged, int64(c.Cost)); ok {
+			t.NoteSample(s.shard(t), c.Name, c.Key, smp, hitters.Charged)
+		}
 	}
+}
+
+// shard returns the shard of t's ring s puts its events in.
+func (s *scratch) shard(t *hitters.Tracker) uint32 {
+	if s.topShard == 0 {
+		s.topShard = t.Shard()
+	}
+	return s.topShard
 }
 
 // TopBy says which units TopClients ranks clients by.
@@ -262,6 +314,11 @@ type TopList struct {
 	// period because requests came faster than the tracker drained them:
 	// a count may be short by that much too. Normally 0.
 	Dropped uint64
+	// Samples is how many events the counts were made of, and Threshold
+	// the largest sampling threshold in force over the period (of every
+	// server merged): 1 when every event was counted, and the counts are
+	// exact but for ErrorBound. See TopConfig and Bounds.
+	Samples, Threshold uint64
 	// Servers is how many app servers' summaries were merged (1 without a
 	// shared store, or when it failed), and ServerNames their names.
 	Servers     int
@@ -318,6 +375,7 @@ func (l *Limiter) TopClients(ctx context.Context, rule string, by TopBy, period 
 	}
 	out := TopList{
 		Rule: rule, By: by, Period: period, K: f.K, Total: f.N, ErrorBound: f.Bound, Dropped: f.Dropped,
+		Samples: f.Samples, Threshold: max(f.Threshold, 1),
 		Servers: f.Servers, ServerNames: f.Names, Lag: f.Lag, At: time.UnixMilli(f.At),
 	}
 	if err != nil {
@@ -332,6 +390,16 @@ func (l *Limiter) TopClients(ctx context.Context, rule string, by TopBy, period 
 		out.Clients[i] = TopClient{Key: e.Key, Count: e.Hi, Error: e.Hi - e.Lo, FirstSeen: time.UnixMilli(e.First)}
 	}
 	return out, nil
+}
+
+// Bounds returns an interval that holds the true units of c, a client of
+// the list, with probability at least confidence (for example 0.99): each
+// end fails with probability at most (1 − confidence)/2. It widens
+// [c.Count − c.Error, c.Count], which holds the client's sampled units,
+// by the sampling error that the list's Threshold allows (TopConfig
+// states it); with a Threshold of 1 it is that interval itself.
+func (tl TopList) Bounds(c TopClient, confidence float64) (lo, hi uint64) {
+	return hitters.Bounds(c.Count-min(c.Error, c.Count), c.Count, tl.Threshold, 1-confidence)
 }
 
 // RuleRates is what a rule allowed and denied in each interval of the
@@ -354,7 +422,11 @@ type RatePoint struct {
 
 // Rates returns what each rule allowed and denied in the intervals of the
 // last 15 minutes, from a bounded ring buffer in memory (this app
-// server's). Rules are in the order of the rules in force.
+// server's). Rules are in the order of the rules in force. The figures
+// are made of the events the top-client tracker sampled (TopConfig): exact
+// while a rule sees fewer than TopConfig.Samples events a second,
+// unbiased estimates above, within a fraction of a percent over an
+// interval at the default.
 func (l *Limiter) Rates() ([]RuleRates, error) {
 	t := l.top.t
 	if t == nil {

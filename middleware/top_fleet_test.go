@@ -34,7 +34,7 @@ func TestTopClientsFleet(t *testing.T) {
 		}
 		t.Cleanup(func() { store.Close() })
 		lim, err := NewRules(rules, WithStore(store), WithClock(clk.Now),
-			WithTopClients(TopConfig{Server: "app" + strconv.Itoa(i), Publish: time.Hour, TTL: 2 * time.Hour}))
+			WithTopClients(TopConfig{Server: "app" + strconv.Itoa(i), Publish: time.Hour, TTL: 2 * time.Hour, Samples: -1}))
 		if err != nil {
 			t.Fatal(err)
 		}

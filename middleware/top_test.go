@@ -159,12 +159,14 @@ func TestTopClientsCost(t *testing.T) {
 // TestTopClientsBound: with more clients than counters, on skewed
 // traffic, every listed client's true units are within [Count−Error,
 // Count], ErrorBound ≤ Total/K, and every client over the bound is
-// listed.
+// listed. Every event is counted (no sampling): the summaries' own
+// bounds are tested.
 func TestTopClientsBound(t *testing.T) {
 	t.Parallel()
 	const k = 8
 	lim, err := middleware.NewRules([]middleware.Rule{{Name: "api", Key: keyfunc.RemoteIP(), TopClients: k,
-		Limits: []middleware.Limit{middleware.PerMinute(1 << 30)}}})
+		Limits: []middleware.Limit{middleware.PerMinute(1 << 30)}}},
+		middleware.WithTopClients(middleware.TopConfig{Samples: -1}))
 	if err != nil {
 		t.Fatal(err)
 	}

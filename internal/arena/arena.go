@@ -34,6 +34,14 @@ type Arena struct {
 
 var pool = sync.Pool{New: func() any { return new(Arena) }}
 
+// Holder is implemented by what carries an Arena for its user: a request
+// view of package middleware's, whose key functions (package keyfunc) then
+// carve their keys from the request's Arena rather than from one of the
+// pool's.
+type Holder interface {
+	Arena() *Arena
+}
+
 // Get returns an Arena from a shared pool. Return it with Put.
 func Get() *Arena { return pool.Get().(*Arena) }
 

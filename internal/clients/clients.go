@@ -159,6 +159,19 @@ type Overrides[V any] struct {
 	mu sync.RWMutex
 	n  atomic.Int64 // len(m), read without the lock
 	m  map[ID]*Entry[V]
+	// OnEmpty, if set (before the table is used), is called when the
+	// table becomes empty (true) or stops being empty (false), with the
+	// table's lock held: it must not use the table.
+	OnEmpty func(empty bool)
+}
+
+// setLen records that the table holds n entries; t.mu is held for
+// writing.
+func (t *Overrides[V]) setLen(n int) {
+	was := t.n.Swap(int64(n))
+	if (was == 0) != (n == 0) && t.OnEmpty != nil {
+		t.OnEmpty(n == 0)
+	}
 }
 
 // Len is how many overrides the table holds, ended ones included until
@@ -193,7 +206,7 @@ func (t *Overrides[V]) Put(e *Entry[V], now time.Time, max int) bool {
 		t.m = map[ID]*Entry[V]{}
 	}
 	t.m[e.ID] = e
-	t.n.Store(int64(len(t.m)))
+	t.setLen(len(t.m))
 	return true
 }
 
@@ -204,7 +217,7 @@ func (t *Overrides[V]) dropEndedLocked(now time.Time) {
 			delete(t.m, id)
 		}
 	}
-	t.n.Store(int64(len(t.m)))
+	t.setLen(len(t.m))
 }
 
 // Remove removes the override of id and reports whether there was one.
@@ -213,7 +226,7 @@ func (t *Overrides[V]) Remove(id ID) bool {
 	defer t.mu.Unlock()
 	_, was := t.m[id]
 	delete(t.m, id)
-	t.n.Store(int64(len(t.m)))
+	t.setLen(len(t.m))
 	return was
 }
 
@@ -245,6 +258,6 @@ func (t *Overrides[V]) Replace(entries []*Entry[V], keep func() bool) bool {
 		return false
 	}
 	t.m = m
-	t.n.Store(int64(len(m)))
+	t.setLen(len(m))
 	return true
 }

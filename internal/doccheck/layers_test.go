@@ -34,6 +34,8 @@ var layers = []struct {
 	{"internal/hitters", []string{module + "/middleware", module + "/internal/redis", "github.com/redis/"}, "top clients reach Redis through a Backend"},
 	{"internal/adaptive", []string{module}, "the overload controller is pure"},
 	{"internal/ratefields", []string{module}, "the upstream fields' parser is pure"},
+	{"internal/keyguard", []string{module}, "the key guard knows no store, only scripts"},
+	{"middleware/sluicetest", []string{module + "/internal/redis", "github.com/alicebob/"}, "users' tests with sluicetest start no server"},
 	{"keyfunc", []string{module + "/middleware", module + "/headers"}, "key functions know nothing of limits"},
 	{"headers", []string{module + "/middleware"}, "the header writer knows nothing of decisions"},
 	{"adapters/gin", []string{module + "/internal/"}, "adapters translate through the public API only"},

@@ -154,8 +154,20 @@ var smallInts = func() (t [nSmall]string) {
 // field is set to its own one-element slice, which a later Add copies
 // rather than extends in place.
 func Write(s Setter, style Style, v *Values, p *Prepared) {
-	var f fields
 	a := arena.Get()
+	WriteIn(a, s, style, v, p)
+	arena.Put(a)
+}
+
+// WriteIn is Write carving the values from a, an Arena the caller holds
+// (a request's, which spares Write the trip to the arenas' pool).
+func WriteIn(a *arena.Arena, s Setter, style Style, v *Values, p *Prepared) {
+	if h, ok := s.(http.Header); ok && style == Both && p != nil && v.RetryAfter <= 0 && v.Others == "" &&
+		v.Policy != "" && p.limit == v.Limit && p.name == v.Name {
+		writeBoth(a, h, v, p)
+		return
+	}
+	var f fields
 	n := f.build(a, style, v, p)
 	if h, ok := s.(http.Header); ok {
 		vs := a.Slots(n)
@@ -168,7 +180,30 @@ func Write(s Setter, style Style, v *Values, p *Prepared) {
 			s.Set(names[f.ids[i]], f.values[i])
 		}
 	}
-	arena.Put(a)
+}
+
+// writeBoth is WriteIn for what most responses send: both styles of a
+// prepared policy to an http.Header, with no Retry-After and no other
+// policies. It sets what build would, in fewer steps.
+func writeBoth(a *arena.Arena, h http.Header, v *Values, p *Prepared) {
+	var stack [96]byte
+	buf := append(stack[:0], p.prefix...)
+	remStart := len(buf)
+	buf = strconv.AppendInt(buf, int64(max(v.Remaining, 0)), 10)
+	remEnd := len(buf)
+	buf = append(buf, ";t="...)
+	buf = strconv.AppendInt(buf, Seconds(v.Next), 10)
+	rateEnd := len(buf)
+	var reset span
+	buf, reset = number(buf, Seconds(v.Reset))
+	all := a.String(buf)
+	vs := a.Slots(5)
+	vs[0], vs[1], vs[2], vs[3], vs[4] = p.limitText, all[remStart:remEnd], reset.in(all), all[:rateEnd], v.Policy
+	h[canonical[fLimit]] = vs[0:1:1]
+	h[canonical[fRemaining]] = vs[1:2:2]
+	h[canonical[fReset]] = vs[2:3:3]
+	h[canonical[fRateLimit]] = vs[3:4:4]
+	h[canonical[fPolicy]] = vs[4:5:5]
 }
 
 // fields holds at most six fields.

@@ -167,3 +167,33 @@ func BenchmarkWritePrepared(b *testing.B) {
 		Write(h, Both, &v, p)
 	}
 }
+
+// setterOnly hides an http.Header behind Set, so that Write takes its
+// general path.
+type setterOnly struct{ h http.Header }
+
+func (s setterOnly) Set(k, v string) { s.h.Set(k, v) }
+
+// TestWriteBothMatches: the fast path for both styles of a prepared policy
+// writes exactly what the general path does, over values small and large.
+func TestWriteBothMatches(t *testing.T) {
+	t.Parallel()
+	p := Prepare("api", 1_000_000_000)
+	for _, v := range []Values{
+		{Name: "api", Limit: 1_000_000_000, Remaining: 5, Reset: 1500 * time.Millisecond, Next: 0, Policy: `"api";q=1000000000;w=60`},
+		{Name: "api", Limit: 1_000_000_000, Remaining: 999_999_999, Reset: 61 * time.Second, Next: 20 * time.Millisecond, Policy: `"api";q=1000000000;w=60`},
+		{Name: "api", Limit: 1_000_000_000, Remaining: -3, Reset: 300 * time.Second, Next: 299 * time.Second, Policy: "x"},
+		{Name: "api", Limit: 1_000_000_000, Remaining: 255, Reset: 255 * time.Second, Next: time.Hour, Policy: "y"},
+		{Name: "api", Limit: 1_000_000_000, Remaining: 256, Reset: 256 * time.Second, Next: 1<<62 - 1, Policy: "z"},
+	} {
+		fast, slow := http.Header{}, http.Header{}
+		Write(fast, Both, &v, p)
+		Write(setterOnly{slow}, Both, &v, p)
+		if !reflect.DeepEqual(fast, slow) {
+			t.Errorf("%+v:\nfast %v\nslow %v", v, fast, slow)
+		}
+		if len(fast) != 5 {
+			t.Errorf("%+v: %d fields: %v", v, len(fast), fast)
+		}
+	}
+}

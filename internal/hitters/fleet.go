@@ -50,8 +50,12 @@ type pubState struct {
 	lastErr error     // of the last round, nil if it succeeded
 }
 
-// payloadVersion is the first byte of a payload.
-const payloadVersion = 1
+// payloadVersion is the first byte of a payload: 2 since the views carry
+// how they were sampled; 1 (every event counted) is still read.
+const (
+	payloadVersion   = 2
+	payloadUnsampled = 1
+)
 
 // DefaultTTL is how long a server's summaries are kept after its last
 // write unless FleetConfig.TTL says: the hour's period and a bucket.
@@ -114,11 +118,15 @@ func (t *Tracker) Publish(ctx context.Context) error {
 			continue
 		}
 		var views [int(numKinds) * int(numPeriods)]topk.View
+		var sampled [int(numKinds) * int(numPeriods)][2]uint64
 		var hour uint64
 		for kind := range numKinds {
 			for p := range numPeriods {
 				v := rs.windows[kind].View(now, p == Hour)
-				views[int(kind)*int(numPeriods)+int(p)] = v
+				i := int(kind)*int(numPeriods) + int(p)
+				views[i] = v
+				n, z := rs.sampled[kind][p].sum(now)
+				sampled[i] = [2]uint64{n, max(z, 1)}
 				if p == Hour {
 					hour += v.N
 				}
@@ -131,7 +139,9 @@ func (t *Tracker) Publish(ctx context.Context) error {
 		for p := range numPeriods {
 			b = binary.AppendUvarint(b, t.drops[p].Sum(now).AllowedUnits)
 		}
-		for _, v := range views {
+		for i, v := range views {
+			b = binary.AppendUvarint(b, sampled[i][0])
+			b = binary.AppendUvarint(b, sampled[i][1])
 			b = topk.AppendView(b, v)
 		}
 		writes[name] = write{rs: rs, payload: b, counted: rs.counted}
@@ -173,29 +183,56 @@ func (t *Tracker) PublishState() (last time.Time, err error) {
 	return t.pub.last, t.pub.lastErr
 }
 
-// readPayload returns the view of kind over p in a payload, and the units
-// dropped over p.
-func readPayload(b []byte, kind Kind, p Period) (topk.View, uint64, error) {
-	if len(b) == 0 || b[0] != payloadVersion {
-		return topk.View{}, 0, errors.New("unknown payload version")
+// remote is one server's view of a rule's clients over a period, as it
+// published it.
+type remote struct {
+	view               topk.View
+	dropped            uint64
+	samples, threshold uint64
+}
+
+// readPayload returns the view of kind over p in a payload, with the units
+// dropped over p and how the view was sampled.
+func readPayload(b []byte, kind Kind, p Period) (remote, error) {
+	if len(b) == 0 || b[0] != payloadVersion && b[0] != payloadUnsampled {
+		return remote{}, errors.New("unknown payload version")
 	}
+	sampled := b[0] == payloadVersion
 	b = b[1:]
-	var dropped [numPeriods]uint64
-	for i := range dropped {
+	uvarint := func() (uint64, bool) {
 		v, n := binary.Uvarint(b)
 		if n <= 0 {
-			return topk.View{}, 0, topk.ErrCorrupt
+			return 0, false
 		}
-		dropped[i], b = v, b[n:]
+		b = b[n:]
+		return v, true
+	}
+	var dropped [numPeriods]uint64
+	for i := range dropped {
+		v, ok := uvarint()
+		if !ok {
+			return remote{}, topk.ErrCorrupt
+		}
+		dropped[i] = v
 	}
 	want := int(kind)*int(numPeriods) + int(p)
 	for i := 0; ; i++ {
+		out := remote{dropped: dropped[p], threshold: 1}
+		if sampled {
+			n, ok1 := uvarint()
+			z, ok2 := uvarint()
+			if !ok1 || !ok2 {
+				return remote{}, topk.ErrCorrupt
+			}
+			out.samples, out.threshold = n, max(z, 1)
+		}
 		v, rest, err := topk.ReadView(b)
 		if err != nil {
-			return topk.View{}, 0, err
+			return remote{}, err
 		}
 		if i == want {
-			return v, dropped[p], nil
+			out.view = v
+			return out, nil
 		}
 		b = rest
 	}
@@ -241,13 +278,15 @@ func (t *Tracker) Fleet(ctx context.Context, rule string, kind Kind, p Period) (
 			// period holds none of its clients.
 			continue
 		}
-		v, dropped, err := readPayload(pub.Payload, kind, p)
+		r, err := readPayload(pub.Payload, kind, p)
 		if err != nil {
 			out.Skipped++
 			continue
 		}
-		views = append(views, v)
-		out.Dropped += dropped
+		views = append(views, r.view)
+		out.Dropped += r.dropped
+		out.Samples += r.samples
+		out.Threshold = max(out.Threshold, r.threshold)
 		out.Servers++
 		out.Names = append(out.Names, pub.Server)
 		out.Lag = max(out.Lag, pub.Age)

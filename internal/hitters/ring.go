@@ -33,7 +33,7 @@ const (
 	wakeEvery = slotsPerShard / 4
 	// inlineKey is the longest key a slot holds in place; a longer one is
 	// copied to the heap (one allocation).
-	inlineKey = 74
+	inlineKey = 66
 	// maxShards bounds the shards, whatever GOMAXPROCS says.
 	maxShards = 16
 )
@@ -47,6 +47,7 @@ type slot struct {
 	seq    atomic.Uint64
 	rule   string
 	units  int64
+	reqs   uint64 // the requests the events stand for (sampled, each may stand for many)
 	long   string // the key, when longer than inlineKey
 	events uint32 // how many events the slot adds up
 	n      uint8  // the key's length, when inline
@@ -113,12 +114,19 @@ func (r *Ring) Shard() uint32 { return r.next.Add(1)&r.mask + 1 }
 // Wake is signalled when a shard has filled a quarter more of its slots.
 func (r *Ring) Wake() <-chan struct{} { return r.wake }
 
-// Put adds an event to the shard (as Shard returned it). rule must be a
-// string that is never changed (a rule's name); key is copied. An event
+// Put adds an event of one request to the shard (as Shard returned it):
+// PutN with reqs 1.
+func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
+	r.PutN(shard, rule, key, units, 1, kind)
+}
+
+// PutN adds an event to the shard (as Shard returned it) that stands for
+// units and reqs requests (a sampled event stands for many). rule must be
+// a string that is never changed (a rule's name); key is copied. An event
 // like the one filled last in the shard (the same rule, kind and key: a
 // client's burst), while that one is not drained, is added to it rather
 // than given a slot.
-func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
+func (r *Ring) PutN(shard uint32, rule, key string, units int64, reqs uint64, kind Kind) {
 	sh := &r.shards[(shard-1)&r.mask]
 	slots := sh.slots.Load()
 	if slots == nil {
@@ -132,6 +140,7 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 				int(s.n) == len(key) && string(s.key[:s.n]) == key
 			if like {
 				s.units += units
+				s.reqs += reqs
 				s.events++
 			}
 			s.seq.Store(last)
@@ -151,7 +160,7 @@ func (r *Ring) Put(shard uint32, rule, key string, units int64, kind Kind) {
 				pos = sh.tail.Load()
 				continue
 			}
-			s.rule, s.units, s.kind, s.events = rule, units, kind, 1
+			s.rule, s.units, s.reqs, s.kind, s.events = rule, units, reqs, kind, 1
 			if len(key) <= inlineKey {
 				s.n = uint8(copy(s.key[:], key))
 			} else {
@@ -224,10 +233,15 @@ func (sh *shard) alloc() *[slotsPerShard]slot {
 	return s
 }
 
+// DrainFunc is handed a slot's events: their rule, key, units and the
+// requests they stand for, how many events the slot added up, and their
+// kind. key is valid only during the call.
+type DrainFunc func(rule string, key []byte, units int64, reqs uint64, events uint32, kind Kind)
+
 // Drain hands every event in the ring to fn, oldest first within each
 // shard, and returns how many it handed. key is valid only during the
 // call. Only one goroutine may drain at a time.
-func (r *Ring) Drain(fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
+func (r *Ring) Drain(fn DrainFunc) int {
 	n := 0
 	for i := range r.shards {
 		n += r.shards[i].drain(fn)
@@ -236,11 +250,11 @@ func (r *Ring) Drain(fn func(rule string, key []byte, units int64, events uint32
 }
 
 // DrainShard is Drain for one shard (as Shard returned it).
-func (r *Ring) DrainShard(shard uint32, fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
+func (r *Ring) DrainShard(shard uint32, fn DrainFunc) int {
 	return r.shards[(shard-1)&r.mask].drain(fn)
 }
 
-func (sh *shard) drain(fn func(rule string, key []byte, units int64, events uint32, kind Kind)) int {
+func (sh *shard) drain(fn DrainFunc) int {
 	slots := sh.slots.Load()
 	if slots == nil {
 		return 0
@@ -261,7 +275,7 @@ func (sh *shard) drain(fn func(rule string, key []byte, units int64, events uint
 		if !s.seq.CompareAndSwap(head+1, (head+1)|held) {
 			continue
 		}
-		rule, units, events, kind := s.rule, s.units, s.events, s.kind
+		rule, units, reqs, events, kind := s.rule, s.units, s.reqs, s.events, s.kind
 		var key []byte
 		if s.long != "" {
 			key = []byte(s.long)
@@ -272,7 +286,7 @@ func (sh *shard) drain(fn func(rule string, key []byte, units int64, events uint
 		s.seq.Store(head + slotsPerShard)
 		head++
 		sh.head.Store(head)
-		fn(rule, key, units, events, kind)
+		fn(rule, key, units, reqs, events, kind)
 		n++
 	}
 }

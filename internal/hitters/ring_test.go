@@ -32,7 +32,7 @@ func TestRingConcurrent(t *testing.T) {
 	units := map[int]int64{}
 	events := 0
 	drain := func() {
-		r.Drain(func(rule string, key []byte, u int64, n uint32, kind Kind) {
+		r.Drain(func(rule string, key []byte, u int64, _ uint64, n uint32, kind Kind) {
 			p, err := strconv.Atoi(strings.TrimPrefix(string(key[:len(key)-2]), "user:"))
 			if err != nil || rule != "rule" || Kind(p%2) != kind || u != int64(p+1)*int64(n) {
 				t.Errorf("torn event: %s %q %d×%d %v", rule, key, u, n, kind)
@@ -87,7 +87,7 @@ func TestRingFull(t *testing.T) {
 		t.Fatalf("an event like the last one was dropped")
 	}
 	next := int64(0)
-	n := r.Drain(func(_ string, key []byte, units int64, events uint32, _ Kind) {
+	n := r.Drain(func(_ string, key []byte, units int64, _ uint64, events uint32, _ Kind) {
 		want, wantN := next, uint32(1)
 		if next == slotsPerShard-1 {
 			want, wantN = next+1000, 2
@@ -102,7 +102,7 @@ func TestRingFull(t *testing.T) {
 	}
 	// Room again; the drained slot is not added to.
 	r.Put(sh, "r", "k"+strconv.Itoa(slotsPerShard-1), 7, Denied)
-	if n := r.Drain(func(string, []byte, int64, uint32, Kind) {}); n != 1 {
+	if n := r.Drain(func(string, []byte, int64, uint64, uint32, Kind) {}); n != 1 {
 		t.Fatalf("drained %d after the ring emptied, want 1", n)
 	}
 }
@@ -119,7 +119,7 @@ func TestRingKeys(t *testing.T) {
 	long := strings.Repeat("y", 300)
 	r.Put(sh, "r", long, 1, Charged)
 	var got []string
-	r.Drain(func(_ string, key []byte, _ int64, _ uint32, _ Kind) { got = append(got, string(key)) })
+	r.Drain(func(_ string, key []byte, _ int64, _ uint64, _ uint32, _ Kind) { got = append(got, string(key)) })
 	if len(got) != 2 || got[0] != "ip:192.0.2.1" || got[1] != long {
 		t.Fatalf("got %q", got)
 	}
@@ -136,7 +136,7 @@ func TestRingPutAllocatesNothing(t *testing.T) {
 	if a := testing.AllocsPerRun(1000, func() {
 		r.Put(sh, "r", key, 1, Charged)
 		if n++; n%256 == 0 {
-			r.Drain(func(string, []byte, int64, uint32, Kind) {})
+			r.Drain(func(string, []byte, int64, uint64, uint32, Kind) {})
 		}
 	}); a != 0 {
 		t.Fatalf("%v allocations per Put", a)
@@ -164,7 +164,7 @@ func BenchmarkRingPut(b *testing.B) {
 					case <-stop:
 						return
 					case <-r.Wake():
-						r.Drain(func(string, []byte, int64, uint32, Kind) {})
+						r.Drain(func(string, []byte, int64, uint64, uint32, Kind) {})
 					}
 				}
 			}()

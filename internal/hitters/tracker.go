@@ -6,11 +6,14 @@
 // publishes them for the fleet and merges the fleet's (Fleet), within the
 // error bound that topk states for the merged summaries.
 //
-// Requests put their events in a lock-free Ring (Note): a few
-// nanoseconds, no lock, no allocation. One goroutine drains the ring into
-// the summaries, every second and whenever a shard of the ring fills a
-// quarter; readers drain it first, so that they see every event noted
-// before they asked.
+// Requests offer their events to their rule's sampling Gates (see
+// sample.go), which let about Config.Samples a second through, each
+// standing for the events it was drawn among; the sampled events go into a
+// lock-free Ring (NoteSample): a few nanoseconds a decision, no lock, no
+// allocation. One goroutine drains the ring into the summaries, every
+// second and whenever a shard of the ring fills a quarter, and sets the
+// gates' thresholds from what came through; readers drain it first, so
+// that they see every event noted before they asked.
 //
 // Package middleware keeps the public face (WithTopClients,
 // Limiter.TopClients, the admin handler's top and rates endpoints);
@@ -19,6 +22,7 @@
 package hitters
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -78,6 +82,12 @@ type Config struct {
 	Every time.Duration
 	// Fleet, if set, publishes the summaries and reads the fleet's.
 	Fleet *FleetConfig
+	// Samples is how many events a second each rule's gates aim to let
+	// through, per kind (DefaultSamples if 0): below that every event is
+	// counted; above, events are sampled (see Gates). Less than 0 turns
+	// sampling off: every event Noted or Drawn is counted, whatever the
+	// load.
+	Samples int
 }
 
 // Tracker tracks the heavy hitters and rates of a limiter's rules. Make
@@ -99,7 +109,7 @@ type Tracker struct {
 	pubMu sync.Mutex
 	// drain is the state of a drain, and each its function of an event.
 	drain drainRun
-	each  func(rule string, key []byte, units int64, events uint32, kind Kind)
+	each  DrainFunc
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -110,6 +120,12 @@ type ruleState struct {
 	k       int
 	windows [numKinds]*topk.Window // both periods
 	rates   *Series
+	// gates sample the rule's events; seen is what came through each
+	// since its threshold was last set, and sampled what was sampled in
+	// each period, with the largest threshold in force.
+	gates   *Gates
+	seen    [numKinds]rate
+	sampled [numKinds][numPeriods]*peaks
 	// counted counts the events drained into the summaries, and
 	// published what it was at the last publish.
 	counted, published uint64
@@ -123,6 +139,9 @@ func New(cfg Config) *Tracker {
 	}
 	if cfg.Every <= 0 {
 		cfg.Every = time.Second
+	}
+	if cfg.Samples == 0 {
+		cfg.Samples = DefaultSamples
 	}
 	t := &Tracker{ring: NewRing(), cfg: cfg, now: cfg.Now, rules: map[string]*ruleState{}, stop: make(chan struct{})}
 	t.ring.Help = t.help
@@ -153,11 +172,29 @@ func (t *Tracker) Close() {
 // Ring.Shard).
 func (t *Tracker) Shard() uint32 { return t.ring.Shard() }
 
-// Note records that key was charged (or denied) units under rule. It is
-// what a request does: no lock, no allocation. rule must never change
-// (a rule's name).
+// Note records that key was charged (or denied) units under rule, by one
+// request, counted as it is (not sampled): no lock, no allocation. rule
+// must never change (a rule's name).
 func (t *Tracker) Note(shard uint32, rule, key string, units int64, kind Kind) {
 	t.ring.Put(shard, rule, key, units, kind)
+}
+
+// NoteSample records an event that went through its rule's gate (see
+// Gates.Draw): what a request does for each rule it was charged (or
+// denied) under, when the draw samples it.
+func (t *Tracker) NoteSample(shard uint32, rule, key string, s Sample, kind Kind) {
+	t.ring.PutN(shard, rule, key, int64(min(s.Units, math.MaxInt64)), s.Requests, kind)
+}
+
+// Gates returns the sampling gates of rule, nil for a rule not tracked.
+// A rule's gates stay the same while SetRules keeps it.
+func (t *Tracker) Gates(rule string) *Gates {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rs := t.rules[rule]; rs != nil {
+		return rs.gates
+	}
+	return nil
 }
 
 // SetRules sets the rules tracked and the k of each: 0 for Config.K, less
@@ -188,7 +225,14 @@ func (t *Tracker) kOf(k int) int {
 }
 
 func (t *Tracker) newRule(k int) *ruleState {
-	rs := &ruleState{k: k, rates: NewSeries(RateSpan, RatePoints)}
+	rs := &ruleState{k: k, rates: NewSeries(RateSpan, RatePoints), gates: newGates()}
+	now := t.now()
+	for kind := range numKinds {
+		rs.seen[kind].since = now
+		for p := range numPeriods {
+			rs.sampled[kind][p] = newPeaks(periodSpan[p], periodBuckets+1)
+		}
+	}
 	if k > 0 {
 		for kind := range numKinds {
 			rs.windows[kind] = topk.NewWindow(k, periodBuckets, periodSpan[Minute], hourRatio)
@@ -248,6 +292,9 @@ func (t *Tracker) drainShardLocked(shard uint32) int64 {
 	}
 	d.flush()
 	d.rs, d.rule = nil, ""
+	if t.cfg.Samples > 0 {
+		t.adaptLocked(now)
+	}
 	if _, units := t.ring.Dropped(); units != t.seenDropped {
 		for p := range numPeriods {
 			t.drops[p].Add(Charged, units-t.seenDropped, now)
@@ -266,16 +313,18 @@ type drainRun struct {
 	key     []byte
 	kind    Kind
 	units   uint64
+	reqs    uint64
 	events  uint64
 	pending bool
 }
 
 // event adds one event of the ring to the run, or counts the run and
 // starts another; t.each is it, made once.
-func (t *Tracker) event(r string, k []byte, u int64, n uint32, kd Kind) {
+func (t *Tracker) event(r string, k []byte, u int64, q uint64, n uint32, kd Kind) {
 	d := &t.drain
 	if d.pending && r == d.rule && kd == d.kind && string(k) == string(d.key) {
 		d.units += uint64(max(u, 0))
+		d.reqs += q
 		d.events += uint64(n)
 		return
 	}
@@ -283,7 +332,7 @@ func (t *Tracker) event(r string, k []byte, u int64, n uint32, kd Kind) {
 	if r != d.rule {
 		d.rule, d.rs = r, t.rules[r]
 	}
-	d.key, d.kind, d.units, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), uint64(n), true
+	d.key, d.kind, d.units, d.reqs, d.events, d.pending = append(d.key[:0], k...), kd, uint64(max(u, 0)), q, uint64(n), true
 }
 
 // flush counts the run.
@@ -291,12 +340,46 @@ func (d *drainRun) flush() {
 	if !d.pending || d.rs == nil {
 		return
 	}
-	d.rs.rates.AddN(d.kind, d.events, d.units, d.now)
-	d.rs.counted += d.events
-	if d.rs.k > 0 {
-		d.rs.windows[d.kind].Add(d.key, d.units, d.now)
+	rs := d.rs
+	rs.rates.AddN(d.kind, d.reqs, d.units, d.now)
+	rs.counted += d.events
+	seen := &rs.seen[d.kind]
+	seen.units += d.units
+	seen.samples += d.events
+	if rs.k > 0 {
+		rs.windows[d.kind].Add(d.key, d.units, d.now)
+		for p := range numPeriods {
+			rs.sampled[d.kind][p].add(d.now, d.events, rs.gates.Threshold(d.kind))
+		}
 	}
 	d.pending = false
+}
+
+// adaptLocked sets the threshold of every gate that is due (see rate.due)
+// so that it would have sampled about Config.Samples events a second of
+// what came through it. The periods where the threshold changes note the
+// larger of the two: events still in the ring were sampled under the old.
+func (t *Tracker) adaptLocked(now int64) {
+	target := t.cfg.Samples
+	for _, rs := range t.rules {
+		for kind := range numKinds {
+			seen := &rs.seen[kind]
+			if !seen.due(now, target) {
+				continue
+			}
+			old := rs.gates.Threshold(kind)
+			z := nextThreshold(seen.units, now-seen.since, target)
+			if z != old {
+				rs.gates.g[kind].Store(newThreshold(z))
+				if rs.k > 0 {
+					for p := range numPeriods {
+						rs.sampled[kind][p].add(now, 0, max(z, old))
+					}
+				}
+			}
+			*seen = rate{since: now}
+		}
+	}
 }
 
 func (t *Tracker) trimLocked(now int64) {
@@ -316,6 +399,11 @@ type Local struct {
 	// period because the ring was full: each count may be short by that
 	// much.
 	Dropped uint64
+	// Samples is how many events the view's counts were made of, and
+	// Threshold the largest sampling threshold in force over the period
+	// (1 when every event was counted: the counts are then exact but for
+	// the summary's error). See Bounds.
+	Samples, Threshold uint64
 	// At is the instant of the view (Unix ms).
 	At int64
 }
@@ -331,7 +419,9 @@ func (t *Tracker) Top(rule string, kind Kind, p Period) (Local, bool) {
 	if rs == nil || rs.k == 0 {
 		return Local{}, false
 	}
-	return Local{View: rs.windows[kind].View(now, p == Hour), Dropped: t.drops[p].Sum(now).AllowedUnits, At: now}, true
+	samples, z := rs.sampled[kind][p].sum(now)
+	return Local{View: rs.windows[kind].View(now, p == Hour), Dropped: t.drops[p].Sum(now).AllowedUnits,
+		Samples: samples, Threshold: max(z, 1), At: now}, true
 }
 
 // K returns the number of counters of rule's summaries, 0 if it has none.

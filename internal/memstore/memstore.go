@@ -410,6 +410,15 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 			return false, err
 		}
 	}
+	return s.TakeValid(ctx, now, charges, out)
+}
+
+// TakeValid is Take for charges known to be valid: each Limit passed
+// window.Limit.Validate and no Cost is negative, and out is as long as
+// charges (the middleware checks its rules' limits once, when it compiles
+// them). It skips those checks; it still returns ctx's error when ctx is
+// done.
+func (s *Store) TakeValid(ctx context.Context, now time.Time, charges []window.Charge, out []window.Decision) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("memstore: %w", err)
 	}

@@ -341,3 +341,39 @@ func tchar(c byte) bool {
 	}
 	return false
 }
+
+// Item is a member of a RateLimit or RateLimit-Policy list, as Items reads
+// it: its name and its integer parameters.
+type Item struct {
+	// Name is the item's string or token ("default" for "default";q=5).
+	Name string
+	// Ints holds its parameters whose values are integers, by key; a
+	// parameter of another type is left out.
+	Ints map[string]int64
+}
+
+// Items reads the structured field list v of at most MaxItems
+// members, as Parse does, and returns its items whole (inner lists are
+// dropped); ok is false on a syntax error. It is for checks that want
+// every item, such as a test's assertions on a response sluice wrote.
+func Items(v string) (items []Item, ok bool) {
+	if len(v) > MaxFieldLen {
+		return nil, false
+	}
+	list, ok := parseList(v)
+	if !ok {
+		return nil, false
+	}
+	for _, it := range list {
+		out := Item{Name: it.name, Ints: map[string]int64{}}
+		for _, p := range it.params {
+			if p.val.kind == kindInt {
+				out.Ints[p.key] = p.val.n
+			} else {
+				delete(out.Ints, p.key)
+			}
+		}
+		items = append(items, out)
+	}
+	return items, true
+}

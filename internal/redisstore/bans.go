@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/redispipe"
 )
 
@@ -62,7 +63,7 @@ type Ban struct {
 // setBanScript sets the ban KEYS[1] to end at ARGV[1] (Unix ms), "" for
 // the server's clock plus ARGV[2] ms, unless it already ends later, with a
 // TTL of ARGV[2] ms. Reply: the instant the ban ends.
-var setBanScript = redis.NewScript(`
+var setBanScript = keyguard.Script(`
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -84,7 +85,7 @@ return {untilMs, now}
 // ban's end) unless it ends later already, drops from it the bans that
 // ended before ARGV[3] (the instant the ban was set at), and has it expire
 // when the last ban in it ends, as every key but the overrides' does.
-var indexBanScript = redis.NewScript(`
+var indexBanScript = keyguard.Script(`
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
 redis.call('ZADD', KEYS[1], 'GT', ARGV[1], ARGV[2])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -94,7 +95,7 @@ return 1
 
 // bannedScript returns the end of the ban KEYS[1] if it ends after ARGV[1]
 // (Unix ms, "" for the server's clock), else 0.
-var bannedScript = redis.NewScript(`
+var bannedScript = keyguard.Script(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local now
@@ -111,7 +112,7 @@ return 0
 
 // liftScript drops ARGV[1] from the index KEYS[1] and increments the
 // version KEYS[2]; reply: whether it was in the index.
-var liftScript = redis.NewScript(`
+var liftScript = keyguard.Script(`
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('INCR', KEYS[2])
 return n
@@ -231,12 +232,12 @@ func (s *Store) LiftBan(ctx context.Context, rule, key string) (bool, error) {
 	return deleted > 0 || indexed > 0, nil
 }
 
-var resetDelScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
+var resetDelScript = keyguard.Script(`return redis.call('DEL', KEYS[1])`)
 
 // listBansScript returns at most ARGV[2] members of the index KEYS[1] that
 // end after ARGV[1] ("" for the server's clock), with their scores, and
 // how many there are in all.
-var listBansScript = redis.NewScript(`
+var listBansScript = keyguard.Script(`
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -301,4 +302,4 @@ func (s *Store) AdminVersion(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-var versionScript = redis.NewScript(`return tonumber(redis.call('GET', KEYS[1]) or '0')`)
+var versionScript = keyguard.Script(`return tonumber(redis.call('GET', KEYS[1]) or '0')`)

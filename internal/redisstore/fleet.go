@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/fleet"
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/window"
 )
@@ -18,7 +19,7 @@ import (
 var (
 	//go:embed fleet.lua
 	fleetSrc    string
-	fleetScript = redispipe.NewBatchScript(fleetSrc)
+	fleetScript = redispipe.NewBatchScript(keyguard.Wrap(fleetSrc))
 )
 
 // FleetID returns the bucket tag and the field of the counter of charge c,

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
@@ -20,7 +19,7 @@ import (
 // window in ms (a token is window / tick drops, in the stored tick),
 // ARGV[4] the rate (Requests, the drops refilled per tick) and ARGV[5] now
 // in Unix ms, or "" for the server's clock (TIME).
-var giveBackScript = redis.NewScript(`
+var giveBackScript = keyguard.Script(`
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v or #v ~= 27 or string.byte(v, 1) ~= 84 then return 0 end
 local now

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 // StoredOverride is one override as the store holds it: the rule and
@@ -27,7 +27,7 @@ var ErrTooManyOverrides = errors.New("redisstore: too many overrides")
 // at ARGV[3] (Unix ms, 0 for never; KEYS[2] holds the ends), after
 // dropping those that ended before ARGV[4]; it refuses a new one (reply -1)
 // when ARGV[5] are held already. It increments the version KEYS[3].
-var setOverrideScript = redis.NewScript(`
+var setOverrideScript = keyguard.Script(`
 local ended = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[4])
 for _, f in ipairs(ended) do
   redis.call('HDEL', KEYS[1], f)
@@ -50,7 +50,7 @@ return redis.call('INCR', KEYS[3])
 // removeOverrideScript drops ARGV[1] from the overrides KEYS[1] and their
 // ends KEYS[2] and increments the version KEYS[3]; reply: whether it was
 // there.
-var removeOverrideScript = redis.NewScript(`
+var removeOverrideScript = keyguard.Script(`
 local n = redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('INCR', KEYS[3])
@@ -60,7 +60,7 @@ return n
 // loadOverridesScript returns the version KEYS[3], the overrides KEYS[1]
 // (field, value, ...) and their ends KEYS[2] (field, end, ...), read
 // together.
-var loadOverridesScript = redis.NewScript(`
+var loadOverridesScript = keyguard.Script(`
 return {tonumber(redis.call('GET', KEYS[3]) or '0'), redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
 `)
 

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
 // resetScript deletes counters: KEYS[1] is a bucket and ARGV its fields.
-var resetScript = redis.NewScript(`return redis.call('HDEL', KEYS[1], unpack(ARGV))`)
+var resetScript = keyguard.Script(`return redis.call('HDEL', KEYS[1], unpack(ARGV))`)
 
 // Reset drops the counters the charges name (their Key, Name and limit's
 // Series; Cost is ignored), as if their clients had never been seen: one

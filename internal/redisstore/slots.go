@@ -12,15 +12,14 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
 //go:embed slots.lua
 var slotsSrc string
 
-var slotsScript = redis.NewScript(slotsSrc)
+var slotsScript = keyguard.Script(slotsSrc)
 
 // The concurrency slots of a (Key, Name) live in a sorted set at
 //

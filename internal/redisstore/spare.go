@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 //go:embed spare.lua
 var spareSrc string
 
-var spareScript = redis.NewScript(spareSrc)
+var spareScript = keyguard.Script(spareSrc)
 
 // PublishSpare records that server has spare capacity spare (in [0, 1])
 // for ttl, and returns the fleet's spare capacity: the minimum over the

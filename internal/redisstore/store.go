@@ -188,6 +188,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/redispipe"
 	"github.com/sluicehq/sluice/internal/window"
 )
@@ -198,8 +199,8 @@ var (
 	//go:embed refund.lua
 	refundSrc string
 
-	script       = redispipe.NewBatchScript(decideSrc)
-	refundScript = redis.NewScript(refundSrc)
+	script       = redispipe.NewBatchScript(keyguard.Wrap(decideSrc))
+	refundScript = keyguard.Script(refundSrc)
 )
 
 const (

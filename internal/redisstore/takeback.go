@@ -7,15 +7,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/window"
 )
 
 var (
 	//go:embed takeback.lua
 	takeBackSrc    string
-	takeBackScript = redis.NewScript(takeBackSrc)
+	takeBackScript = keyguard.Script(takeBackSrc)
 )
 
 // TakeAt is Take that also returns the instant the script decided at (the

@@ -9,15 +9,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/redispipe"
 )
 
 //go:embed top.lua
 var topSrc string
 
-var topScript = redis.NewScript(topSrc)
+var topScript = keyguard.Script(topSrc)
 
 // Top-client summaries: each app server publishes, for each rule, one
 // opaque payload (the middleware's encoding of its summaries) with a TTL;

@@ -80,6 +80,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 // installHint says how to get the binaries the tests need.
@@ -331,7 +333,7 @@ func startWith(dir string, argsFor func(port int) ([]string, error)) (*Server, e
 // spawnLocked starts the process with s.args and extra, and waits until
 // it answers PING.
 func (s *Server) spawnLocked(extra []string) error {
-	cmd := exec.Command("redis-server", append(slices.Clip(s.args), extra...)...)
+	cmd := exec.Command(serverBinary(), append(slices.Clip(s.args), extra...)...)
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
@@ -413,6 +415,9 @@ func freePort() (int, error) {
 
 // requireBinary skips the test, or fails it under CI, when redis-server is
 // not installed.
+// Under CI it also fails the test when the key guard is off (see package
+// keyguard): every script that CI runs on a real server is checked for
+// undeclared keys.
 func requireBinary(t testing.TB) {
 	t.Helper()
 	if err := binaryError(); err != nil {
@@ -421,10 +426,27 @@ func requireBinary(t testing.TB) {
 		}
 		t.Skip(installHint)
 	}
+	if os.Getenv("CI") != "" && !keyguard.Enabled {
+		t.Fatalf("redistest: CI runs the Redis tests with %s=1 (make test sets it), so that every script is checked for undeclared keys", keyguard.Env)
+	}
+}
+
+// ServerEnv names the environment variable that points this package at
+// another server binary than the redis-server in PATH: a Valkey or a newer
+// Redis built by hand, to run the suite against it (docs/development.md).
+const ServerEnv = "SLUICE_REDIS_SERVER"
+
+// serverBinary returns the server binary this package starts: the one
+// SLUICE_REDIS_SERVER names, or redis-server.
+func serverBinary() string {
+	if b := os.Getenv(ServerEnv); b != "" {
+		return b
+	}
+	return "redis-server"
 }
 
 func binaryError() error {
-	_, err := exec.LookPath("redis-server")
+	_, err := exec.LookPath(serverBinary())
 	return err
 }
 

@@ -15,7 +15,15 @@
 // A global limit's windows are aligned to the Unix epoch (Start): regions
 // cannot agree on a per-client anchor without a round trip. The clock of
 // the region's Redis (TIME) picks the window, so that the app servers of
-// a region agree whatever their own clocks. The count of
+// a region agree whatever their own clocks. A script touches only the
+// keys it is given in KEYS, yet the window is picked inside it: the store
+// declares the hashes of the windows around its estimate of that clock
+// (Declared: its own clock plus the offset to the Redis clock learned
+// from the scripts' earlier replies), and a script that does not find the
+// hashes it needs among them (Covers: the estimate was off by more than a
+// window, as on an app server's first call when its clock is skewed)
+// touches nothing and answers the instant it read, from which the store
+// declares the windows again and runs it once more. The count of
 // one window is a G-counter: one field per region in a Redis hash, each
 // region writes only its own field, and a merge keeps the largest value
 // per field (Merge, merge.lua), so that repeated and reordered syncs are
@@ -46,6 +54,7 @@ package regions
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -57,6 +66,32 @@ func Start(now, w int64) int64 {
 		s -= w
 	}
 	return s
+}
+
+// Declared returns the starts of the windows whose hashes a script that
+// decides or resets a counter passes in KEYS when the instant it decides
+// at is estimated at est (Unix ms), for windows of w ms: the windows of
+// est − w, est and est + w, and, if prev (the script needs the window
+// before the current one: a sliding window's decision, a reset), the one
+// before them, in ascending order. If the instant is within a window of
+// est, the script finds there every hash it needs (Covers).
+func Declared(est, w int64, prev bool) []int64 {
+	s := Start(est, w)
+	if prev {
+		return []int64{s - 2*w, s - w, s, s + w}
+	}
+	return []int64{s - w, s, s + w}
+}
+
+// Covers reports whether declared holds the start of every window that a
+// script deciding or resetting at now (Unix ms) touches: the current
+// window, and, if prev, the one before it. If not, the script touches
+// nothing and answers the instant it read (the clock of the region's
+// Redis), from which the store declares the windows again (Declared) and
+// runs it once more.
+func Covers(declared []int64, now, w int64, prev bool) bool {
+	s := Start(now, w)
+	return slices.Contains(declared, s) && (!prev || slices.Contains(declared, s-w))
 }
 
 // Merge merges the counts of b into a, keeping the largest value per

@@ -3,9 +3,16 @@
 -- window, which decide.lua takes off (regions.Reset). The G-counter's
 -- fields never go down; "#reset" is merged like them (the largest wins),
 -- so that the reset reaches the peers through the syncer.
--- KEYS[1]: the counter's key without the window ("{counter}:")
--- ARGV: now (ms; -1 for the server's clock, TIME), w (ms)
--- Reply: start, now, the current window's mark, the previous one's
+-- KEYS: the hashes of the counter's windows that the caller expects the
+--   reset to need (regions.Declared, with the previous window), all with
+--   the counter's hash tag
+-- ARGV: now (ms; -1 for the server's clock, TIME), w (ms), the counter's
+--       key without the window ("{counter}:")
+-- As in decide.lua, now picks the window, and the script touches only
+-- keys in KEYS: if the current or the previous window's hash is not
+-- there, it touches nothing and replies -1, now.
+-- Reply: start, now, the current window's mark, the previous one's; or
+-- -1, now
 local now = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 if now < 0 then
@@ -13,6 +20,15 @@ if now < 0 then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local start = now - now % w
+local curr = ARGV[3] .. start
+local prev = ARGV[3] .. (start - w)
+local declared = {}
+for _, k in ipairs(KEYS) do
+  declared[k] = true
+end
+if not declared[curr] or not declared[prev] then
+  return {-1, now}
+end
 local function mark(key)
   local kv = redis.call("HGETALL", key)
   local s, reset = 0, 0
@@ -31,4 +47,4 @@ local function mark(key)
   end
   return reset
 end
-return {start, now, mark(KEYS[1] .. start), mark(KEYS[1] .. (start - w))}
+return {start, now, mark(curr), mark(prev)}

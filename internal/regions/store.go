@@ -7,21 +7,24 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 var (
 	//go:embed decide.lua
 	decideSrc    string
-	decideScript = redis.NewScript(decideSrc)
+	decideScript = keyguard.Script(decideSrc)
 	//go:embed merge.lua
 	mergeSrc    string
-	mergeScript = redis.NewScript(mergeSrc)
+	mergeScript = keyguard.Script(mergeSrc)
 	//go:embed reset.lua
 	resetSrc    string
-	resetScript = redis.NewScript(resetSrc)
+	resetScript = keyguard.Script(resetSrc)
 )
 
 // ResetField is the field of a window's hash that holds the regions' sum
@@ -76,8 +79,9 @@ type Config struct {
 	// Timeout bounds each push; 0 means one second.
 	Timeout time.Duration
 	// Clock is the syncer's clock (Unix ms), which also places the windows
-	// decided on the clock of the region's Redis; nil means the wall
-	// clock.
+	// decided on the clock of the region's Redis, and from which, with
+	// the offset learned from the scripts' replies, the store estimates
+	// that clock to declare the windows' keys; nil means the wall clock.
 	Clock  func() int64
 	Events Events
 }
@@ -154,6 +158,11 @@ type Store struct {
 	names []string // peers, sorted
 	n     int      // regions, this one included
 
+	// offset is the clock of the region's Redis minus Clock (ms), as the
+	// last reply of a script that read TIME showed it: the store's
+	// estimate of that clock, from which it declares the windows' keys.
+	offset atomic.Int64
+
 	mu    sync.Mutex
 	keys  map[string]*live
 	peers map[string]*peerState
@@ -207,10 +216,86 @@ func key(counter string, start int64) string {
 // base is the key of a counter's windows without the window.
 func base(counter string) string { return "{" + counter + "}:" }
 
+// ErrWindowMoved is the error of a decision or reset whose script did not
+// find the hashes of the windows it needed among its KEYS twice: the
+// clock of the region's Redis moved by more than a window between two
+// runs one round trip apart (or the script and the Go side disagree on
+// the windows' names). The store does not try a third time.
+var ErrWindowMoved = errors.New("regions: the window picked by the clock of the region's Redis was not among the declared keys twice in a row (that clock moved by more than a window between two runs)")
+
+// run runs script for counter c at now (Unix ms; negative for the clock
+// of the region's Redis), with args as ARGV and as KEYS the hashes of the
+// windows Declared picks around now, or around the store's estimate of
+// the Redis clock. It returns the script's reply, whose element at is the
+// instant the script decided at. If the script answers that it needs
+// other windows (-1, now: the estimate was off by more than a window), run
+// declares the windows around that answer's now and runs it once more; a
+// second such answer is ErrWindowMoved. Each reply of a script that read
+// TIME updates the estimate.
+func (s *Store) run(ctx context.Context, script *redis.Script, now int64, c Charge, prev bool, at int, args ...any) ([]int64, error) {
+	est := now
+	for retried := false; ; retried = true {
+		var sent int64
+		if now < 0 {
+			sent = s.cfg.Clock()
+			if !retried {
+				est = sent + s.offset.Load()
+			}
+		}
+		v, err := script.Run(ctx, s.cfg.Local, windowKeys(c.Counter, Declared(est, c.Window, prev)), args...).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		missed := len(v) == 2 && v[0] == -1
+		i := at
+		if missed {
+			i = 1
+		}
+		if len(v) <= i {
+			return nil, fmt.Errorf("regions: unexpected reply of a script: %v", v)
+		}
+		if now < 0 {
+			// The script read TIME between the call's start and its
+			// answer: the middle of the two is the best estimate.
+			s.offset.Store(v[i] - (sent+s.cfg.Clock())/2)
+		}
+		switch {
+		case !missed:
+			return v, nil
+		case retried:
+			return nil, ErrWindowMoved
+		}
+		est = v[i]
+	}
+}
+
+// windowKeys returns the hashes of counter's windows that start at starts
+// (key), cut from one string.
+func windowKeys(counter string, starts []int64) []string {
+	b := base(counter)
+	buf := make([]byte, 0, len(starts)*(len(b)+14))
+	for _, st := range starts {
+		buf = strconv.AppendInt(append(buf, b...), st, 10)
+	}
+	all := string(buf)
+	out := make([]string, len(starts))
+	var digits [20]byte
+	for i, from := 0, 0; i < len(starts); i++ {
+		to := from + len(b) + len(strconv.AppendInt(digits[:0], starts[i], 10))
+		out[i], from = all[from:to], to
+	}
+	return out
+}
+
 // Decide decides c at now (Unix ms), or, when now is negative, at the
 // clock of the region's Redis (TIME): the one clock of every app server
 // of the region, so that app servers whose clocks are skewed agree on the
-// window. If c is admitted, Decide remembers its window for the syncer.
+// window. The script is given the hashes of the windows around the
+// store's estimate of that clock, and touches no other key: when the
+// estimate is off by more than a window (an app server's first decision,
+// when its clock is skewed by that much), Decide takes a second round
+// trip, and returns ErrWindowMoved if that one misses too. If c is
+// admitted, Decide remembers its window for the syncer.
 func (s *Store) Decide(ctx context.Context, now int64, c Charge) (Decision, error) {
 	return s.decide(ctx, now, c, c.Limit)
 }
@@ -229,17 +314,20 @@ func (s *Store) Settle(ctx context.Context, now int64, c Charge) (Decision, erro
 // room for it under limit: c.Limit for a decision, beyond any count for a
 // settle.
 func (s *Store) decide(ctx context.Context, now int64, c Charge, limit int64) (Decision, error) {
+	if c.Window <= 0 {
+		return Decision{}, errors.New("regions: Decide: the charge has no window")
+	}
 	s.mu.Lock()
 	stale := s.stale
 	s.mu.Unlock()
 	share := Share(c.Limit, s.n)
 	slack := 2*s.cfg.Hold.Milliseconds() + 1000
-	args := make([]any, 0, 8+len(stale))
-	args = append(args, s.cfg.Region, c.Cost, limit, max(now, -1), c.Window, b2i(c.Sliding), share, slack)
+	args := make([]any, 0, 9+len(stale))
+	args = append(args, s.cfg.Region, c.Cost, limit, max(now, -1), c.Window, b2i(c.Sliding), share, slack, base(c.Counter))
 	for _, p := range stale {
 		args = append(args, p)
 	}
-	v, err := decideScript.Run(ctx, s.cfg.Local, []string{base(c.Counter)}, args...).Int64Slice()
+	v, err := s.run(ctx, decideScript, now, c, c.Sliding, 4, args...)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -325,12 +413,14 @@ func (s *Store) liveLocked(k string, c Charge, start, now, skew, slack int64) *l
 // decisions take off the sum, and the syncer carries it to the peers at
 // its next tick (within a tick plus d). The counts are never lowered, so
 // that merges stay idempotent: what other regions counted that had not
-// reached this region yet stays counted.
+// reached this region yet stays counted. Like Decide, it may take a
+// second round trip when the store's estimate of the Redis clock is off
+// by more than a window.
 func (s *Store) Reset(ctx context.Context, now int64, c Charge) error {
 	if c.Window <= 0 {
 		return errors.New("regions: Reset: the charge has no window")
 	}
-	v, err := resetScript.Run(ctx, s.cfg.Local, []string{base(c.Counter)}, max(now, -1), c.Window).Int64Slice()
+	v, err := s.run(ctx, resetScript, now, c, true, 1, max(now, -1), c.Window, base(c.Counter))
 	if err != nil {
 		return err
 	}

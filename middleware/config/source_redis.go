@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/keyguard"
 )
 
 // The fields of the hash that holds a rules document in Redis.
@@ -120,7 +122,7 @@ func (s *RedisSource) Changes(ctx context.Context) <-chan struct{} {
 // publishScript stores a document and its version and announces the
 // version, in one step: no app server can read the new version with the
 // old document, and none is told of a version before it is stored.
-var publishScript = redis.NewScript(`
+var publishScript = keyguard.Script(`
 redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', ARGV[2])
 redis.call('PUBLISH', KEYS[1], ARGV[2])
 return 1

@@ -211,6 +211,7 @@ function renderTop(t) {
   const meta = [`${t.total} units ${t.by} in all`, `error ≤ ${t.error_bound} (k = ${t.k})`,
     `${t.servers} server${t.servers === 1 ? "" : "s"} answered`];
   if (t.servers > 1) meta.push(`oldest summary ${(t.lag_ms / 1000).toFixed(1)} s old`);
+  if (t.threshold > 1) meta.push(`estimated from ${t.samples} sampled events (threshold ${t.threshold}); a count's title gives its 99 % range`);
   if (t.dropped) meta.push(`${t.dropped} units uncounted (overload)`);
   if (t.fleet_error) meta.push(t.fleet_error);
   $("top-meta").textContent = meta.join(" · ");
@@ -224,7 +225,7 @@ function renderTop(t) {
     actions.append(el("button", { type: "button", class: "quiet", onclick: () => prefillOverride(t.rule, c.key) }, "override"));
     return el("tr", { dataset: { key: c.key } },
       el("td", {}, el("code", {}, c.key)),
-      el("td", { class: "num" }, c.count),
+      el("td", { class: "num", title: `99 %: ${c.low_99} to ${c.high_99}` }, c.count),
       el("td", { class: "num" }, c.error),
       el("td", { title: c.first_seen }, ago(c.first_seen)),
       el("td", {},
