@@ -95,6 +95,9 @@ type failures struct {
 	mu    sync.Mutex
 	byReq map[keyfunc.Request]error
 	all   []error
+	// banWrites holds the addresses of the clients a ban could not be
+	// written to the store for (the server that banned them keeps it).
+	banWrites map[string]bool
 }
 
 func (f *failures) hooks() *middleware.Hooks {
@@ -103,9 +106,23 @@ func (f *failures) hooks() *middleware.Hooks {
 		defer f.mu.Unlock()
 		if r != nil {
 			f.byReq[r] = err
+			if strings.Contains(err.Error(), "ban a client") {
+				if f.banWrites == nil {
+					f.banWrites = map[string]bool{}
+				}
+				f.banWrites[r.RemoteAddr()] = true
+			}
 		}
 		f.all = append(f.all, err)
 	}}
+}
+
+// banWriteFailed reports whether a ban of the client at addr could not be
+// written to the store.
+func (f *failures) banWriteFailed(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.banWrites[addr]
 }
 
 func (f *failures) of(r keyfunc.Request) error {
@@ -266,6 +283,7 @@ func TestReshard(t *testing.T) {
 	ctl := startRedisLag(t, redistest.Standalone(t).Addr())
 	var n int64
 	var nmu sync.Mutex
+	servedBy := map[keyfunc.Request]int{} // the app server of each request
 	l := startLoadFunc(t, loadRate, loadGoroutines, func() (*middleware.Limiter, keyfunc.Request, int) {
 		nmu.Lock()
 		n++
@@ -273,11 +291,16 @@ func TestReshard(t *testing.T) {
 		nmu.Unlock()
 		m := i % len(modes)
 		j := (i / len(modes)) % modes[m].clients
-		lim := lims[i/len(modes)%2]
+		srv := i / len(modes) % 2
+		lim := lims[srv]
 		if m == reshardPause {
-			lim = paused[i/len(modes)%2]
+			lim = paused[srv]
 		}
-		return lim, reshardRequest("/"+modes[m].name, reshardAddr(m, j)), m<<8 | j
+		r := reshardRequest("/"+modes[m].name, reshardAddr(m, j))
+		nmu.Lock()
+		servedBy[r] = srv
+		nmu.Unlock()
+		return lim, r, m<<8 | j
 	})
 	// Overrides set while the slot of the overrides moves: an admin call,
 	// which a busy machine may make miss the store's Timeout, but which
@@ -399,21 +422,41 @@ func TestReshard(t *testing.T) {
 	// A banned client is admitted by neither server before its ban ends:
 	// a request sent after another was answered as banned, and answered
 	// before that ban ends (the RetryAfter of that answer, less 50 ms),
-	// must be refused too.
+	// must be refused too, by the server that answered it (its own table)
+	// and by the other (which reads the ban in Redis, unless writing it
+	// there failed), but for a request whose reading of the ban failed.
 	type ban struct{ seen, until time.Time }
-	bans := map[int]ban{}
+	var bans [3]map[int]ban // by server, and the fleet's (2)
+	for i := range bans {
+		bans[i] = map[int]ban{}
+	}
 	bannedAdmitted := 0
 	for _, o := range sortedByTime(outs) {
 		if o.key>>8 != reshardBan {
 			continue
 		}
-		b := bans[o.key]
-		if o.res.Allowed && o.at.After(b.seen) && o.at.Add(o.took).Before(b.until) && fails.of(o.req) == nil {
-			bannedAdmitted++
+		srv := servedBy[o.req]
+		scopes := []int{srv}
+		if !fails.banWriteFailed(o.req.RemoteAddr()) {
+			scopes = append(scopes, 2)
+		}
+		for _, sc := range scopes {
+			b := bans[sc][o.key]
+			if o.res.Allowed && o.err == nil && o.at.After(b.seen) && o.at.Add(o.took).Before(b.until) && fails.of(o.req) == nil {
+				bannedAdmitted++
+				if bannedAdmitted <= 3 {
+					t.Logf("a banned client admitted: client %d on server %d, %v after the ban was seen (on %s), %v before it ends; outcome %v, rule %s",
+						o.key&0xff, srv, o.at.Sub(b.seen), map[bool]string{true: "this server", false: "the fleet"}[sc == srv], b.until.Sub(o.at.Add(o.took)), o.res.Outcome, o.res.Rule)
+				}
+				break
+			}
 		}
 		if o.res.Banned && o.res.RetryAfter > 0 {
-			if until := o.at.Add(o.res.RetryAfter - 50*time.Millisecond); until.After(b.until) {
-				bans[o.key] = ban{seen: o.at.Add(o.took), until: until}
+			until := o.at.Add(o.res.RetryAfter - 50*time.Millisecond)
+			for _, sc := range []int{srv, 2} {
+				if until.After(bans[sc][o.key].until) {
+					bans[sc][o.key] = ban{seen: o.at.Add(o.took), until: until}
+				}
 			}
 		}
 	}
