@@ -176,6 +176,14 @@ type adminServer struct {
 	Server string `json:"server"`
 	Up     bool   `json:"up"`
 	Error  string `json:"error,omitempty"`
+	// OutOfMemory: the server refuses writes (OOM); MayEvict: its
+	// maxmemory-policy may evict counters; Policy, MaxMemory and Evicted
+	// are its figures when last read ("" and -1 when unknown).
+	OutOfMemory bool   `json:"out_of_memory,omitempty"`
+	MayEvict    bool   `json:"may_evict,omitempty"`
+	Policy      string `json:"maxmemory_policy,omitempty"`
+	MaxMemory   int64  `json:"maxmemory,omitempty"`
+	Evicted     int64  `json:"evicted_keys"`
 }
 
 type adminSync struct {
@@ -207,7 +215,11 @@ func (a *admin) serveHealth(w http.ResponseWriter) {
 	now := time.Now()
 	out := adminHealth{Store: h.Store, BreakerOpen: h.BreakerOpen, Servers: []adminServer{}, Regions: []adminRegion{}}
 	for _, s := range h.Servers {
-		as := adminServer{Server: s.Server, Up: s.Up}
+		as := adminServer{Server: s.Server, Up: s.Up, OutOfMemory: s.OutOfMemory, MayEvict: s.Memory.MayEvict(),
+			Policy: s.Memory.Policy, MaxMemory: s.Memory.MaxMemory, Evicted: s.Memory.Evicted}
+		if s.Memory.CheckedAt.IsZero() {
+			as.Evicted = -1
+		}
 		if s.Cause != nil {
 			as.Error = s.Cause.Error()
 		}

@@ -38,6 +38,14 @@ type ServerHealth struct {
 	Slow bool
 	// Cause is why it is down or slow.
 	Cause error
+	// OutOfMemory reports that the server refused a write for want of
+	// memory (an OOM reply) in the last 10 s: the requests that would
+	// write go to the failure policy.
+	OutOfMemory bool
+	// Memory is what the server said of its memory when last asked (see
+	// RedisConfig.MemoryCheck); Memory.MayEvict reports a server that may
+	// evict rate-limit counters.
+	Memory ServerMemory
 }
 
 // SyncHealth is a run of the coordination layer's syncer.
@@ -68,8 +76,10 @@ func (sl *syncLayer) flushed(calls int, d time.Duration, err error) {
 }
 
 // Health reports the state of the limiter's store: its circuit breaker,
-// its Redis servers, the syncers of fleet modes and regions, and the
-// publishing of top-client summaries. It makes no call to the store.
+// its Redis servers (up, slow or down, out of memory, and their memory
+// figures as last read: see RedisConfig.MemoryCheck), the syncers of
+// fleet modes and regions, and the publishing of top-client summaries. It
+// makes no call to the store.
 func (l *Limiter) Health() Health {
 	h := Health{BreakerOpen: l.Stats().BreakerOpen, Sync: l.syncs.last.Load()}
 	var redis []*RedisStore
@@ -93,7 +103,8 @@ func (l *Limiter) Health() Health {
 	}
 	for _, rs := range redis {
 		for _, st := range rs.s.Servers() {
-			h.Servers = append(h.Servers, ServerHealth{Server: st.Server, Up: st.Up, Slow: st.Slow, Cause: st.Cause})
+			h.Servers = append(h.Servers, ServerHealth{Server: st.Server, Up: st.Up, Slow: st.Slow, Cause: st.Cause,
+				OutOfMemory: st.OutOfMemory, Memory: memoryOf(st.Memory)})
 		}
 	}
 	if t := l.top.t; t != nil {

@@ -21,7 +21,9 @@ const denialLogEvery = 100
 //   - store failures (StoreFailed), at Warn, at most one a second, with how
 //     many were not logged, and the requests that failed open while the
 //     store was down (Decided with OutcomeFailedOpen), likewise;
-//   - a store's servers going down (Warn) and coming back (Info);
+//   - a store's servers going down (Warn) and coming back (Info), and
+//     their memory: out of memory, evicting or able to evict counters
+//     (Warn, with what to do);
 //   - the circuit breaker opening (Warn) and closing (Info);
 //   - an adaptive concurrency limit shedding requests (Shed, Warn, at most
 //     once a second per rule);
@@ -85,9 +87,16 @@ func (o *LogObserver) BreakerChanged(open bool) {
 	}
 }
 
-// StoreHealth logs a store's server going down or slow, or coming back.
+// StoreHealth logs a store's server going down or slow, or coming back,
+// and its memory reports: at Warn with what to do (out of memory, able to
+// evict counters, evicting), at Info once it can no longer evict.
 func (o *LogObserver) StoreHealth(e HealthEvent) {
 	switch {
+	case e.Memory != nil && e.Cause != nil:
+		o.log.Warn("sluice: store server memory", slog.String("server", e.Server), slog.Any("cause", e.Cause))
+	case e.Memory != nil:
+		o.log.Info("sluice: store server can no longer evict counters", slog.String("server", e.Server),
+			slog.String("maxmemory_policy", e.Memory.Memory.Policy))
 	case e.Up:
 		o.log.Info("sluice: store server back", slog.String("server", e.Server))
 	case e.Slow:

@@ -38,7 +38,10 @@ import (
 //   - StoreHealth: a server of the store went down (with the cause) or
 //     came back. The RedisStore follows each server on its own: on Redis
 //     Cluster the event names the node, and one node going down affects
-//     only the requests for counters it holds.
+//     only the requests for counters it holds. It also reports on a
+//     server's memory (HealthEvent.Memory): out of memory, evicting, or
+//     able to evict counters (told to each Observer as it is added, so
+//     that the warning comes at start).
 //   - StoreBatch: a store that batches decisions (RedisStore) sent a
 //     batch of that many decisions to a server in one round trip.
 //   - CapacityChanged: a capacity signal moved: the adaptive limit of a
@@ -118,8 +121,18 @@ type HealthEvent struct {
 	// find it answering late or not at all.
 	Slow bool
 	// Cause is why it went down or slow (a connection error, a batch that
-	// was outstanding too long, a PING answered late); nil when Up.
+	// was outstanding too long, a PING answered late); nil when Up, but
+	// for a report on memory.
 	Cause error
+	// Memory, when not nil, makes the event a report on the server's
+	// memory rather than on its reachability (Up is true: the server
+	// answers): the server refuses writes for want of memory
+	// (Memory.OutOfMemory), evicted keys (Memory.EvictedSince), or may
+	// evict rate-limit counters (Memory.Memory.MayEvict), Cause then
+	// wrapping ErrOutOfMemory or ErrMayEvict and saying what to do; or a
+	// server that could evict no longer can (Cause nil). See
+	// RedisConfig.MemoryCheck.
+	Memory *MemoryReport
 }
 
 // NopObserver is an Observer that does nothing. Embed it in an Observer

@@ -69,6 +69,16 @@ type RedisConfig struct {
 	// MaxBatch bounds how many decisions share one round trip to one
 	// server; 0 means 128.
 	MaxBatch int
+	// MemoryCheck is how often the store asks each server for its memory
+	// figures (INFO memory and stats; CONFIG GET maxmemory* where INFO is
+	// refused): when the store first sends to it, then at this interval,
+	// never on a request's way. A server whose maxmemory-policy may evict
+	// counters is reported to the Observers (a HealthEvent with a
+	// MemoryReport, which NewLogObserver logs at Warn with the fix) and
+	// in Limiter.Health, as are its evictions and its OOM replies. 0
+	// means 30s; a negative value, never (OOM replies are still
+	// reported). See docs/redis.md, "Memory".
+	MemoryCheck time.Duration
 }
 
 // NewRedisStore returns a store that keeps its counters in Redis, so that
@@ -123,6 +133,27 @@ type RedisConfig struct {
 // what works. A server that does not answer is not refused: the failure
 // policy covers it.
 //
+// What operating Redis does to the limits (docs/redis.md, "Running
+// Redis"):
+//
+//   - Slots of a Cluster that move (redis-cli --cluster reshard or
+//     rebalance, a managed service scaling) take their counters with them;
+//     the store follows MOVED and ASK at once and waits out TRYAGAIN
+//     within each decision's Timeout, so a request sees none of them
+//     (TestReshard).
+//   - A server out of memory with maxmemory-policy noeviction refuses
+//     writes (OOM): the requests that would write go to the failure policy
+//     at once, and Limiter.Health reports it. A server whose policy may
+//     evict counters (any other, with a maxmemory) is reported to the
+//     Observers at start, with the fix, and in Health: an evicted counter
+//     is a client starting afresh. See RedisConfig.MemoryCheck.
+//   - A server restarted empty (no persistence) loses every counter: per
+//     window open at the restart, a key is admitted at most what its
+//     counter held (at most its limit) over its limit; app servers whose
+//     deny cache denied it keep denying until its Retry-After. See
+//     SyncLease, SyncWriteBack and RegionStore for the fleet modes and
+//     regions.
+//
 // The store runs goroutines of its own (workers for each server it has
 // sent decisions to, and probes of servers that are down). Whoever makes a store
 // closes it: call Close once the Limiters that use it are closed. Closing
@@ -134,6 +165,8 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) 
 		MaxBatch:       cfg.MaxBatch,
 		OnStateChange:  rs.health,
 		OnBatch:        rs.batch,
+		MemoryEvery:    cfg.MemoryCheck,
+		OnMemory:       rs.memory,
 	}
 	s, err := redisstore.New(client, redisstore.Config{Prefix: cfg.Prefix, Timeout: cfg.Timeout, Pipeline: pc})
 	if err != nil {
@@ -158,6 +191,11 @@ func NewRedisStore(client redis.Scripter, cfg RedisConfig) (*RedisStore, error) 
 type RedisStore struct {
 	s   *redisstore.Store
 	obs observerSet
+
+	mu sync.Mutex
+	// evicting holds, by server, the warning that it may evict counters,
+	// for observers added later (see memory).
+	evicting map[string]HealthEvent
 }
 
 // The interfaces a RedisStore implements.
@@ -221,13 +259,18 @@ func (r *RedisStore) StoreTraits() StoreTraits {
 }
 
 // AddObserver has the store report its servers' health and its batch
-// sizes to o until remove is called. A nil o is ignored. It implements
-// ObservableStore.
+// sizes to o until remove is called, and tells it at once of the servers
+// known to be able to evict counters (see RedisConfig.MemoryCheck). A nil
+// o is ignored. It implements ObservableStore.
 func (r *RedisStore) AddObserver(o Observer) (remove func()) {
 	if o == nil {
 		return func() {}
 	}
-	return r.obs.add(o)
+	remove = r.obs.add(o)
+	for _, ev := range r.memoryWarnings() {
+		o.StoreHealth(ev)
+	}
+	return remove
 }
 
 // Close stops the store's goroutines and waits for them; decisions still

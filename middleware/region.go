@@ -159,6 +159,17 @@ type scopeSet struct {
 // global rules, see Reset) and an ObservableStore. A Take is all or nothing
 // across global and regional charges; a request denied by a
 // ScopeGlobalStrict limit stays counted by its ScopeRegion limits.
+//
+// A region's Redis restarted empty (no persistence) loses, for each
+// global counter, the window's count of every region, C (at most the
+// limit plus the bound of ScopeGlobal): the region decides again from
+// zero, so each window open at the restart admits at most C over its
+// limit. A peer's count comes back to the region with the peer's next
+// push, a sync interval after the peer admits again (pushes carry counts
+// that grew); the region's own count before the restart stays with the
+// peers only, which keep the larger of it and the new one. Windows that
+// start after the restart are as before (docs/redis.md, "A Redis
+// restarted empty"; TestRestartedEmpty in internal/regions).
 type RegionStore struct {
 	cfg    RegionConfig
 	fake   bool // cfg.Now was set: the zero time is cfg.Now, not TIME

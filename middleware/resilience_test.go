@@ -55,6 +55,9 @@ type outcome struct {
 	// ran (package schedlag): on a machine that busy, a request is held
 	// only if it took longer than heldTooLong plus lag.
 	lag time.Duration
+	// res is Decide's result, req the request.
+	res middleware.Result
+	req keyfunc.Request
 }
 
 // load sends requests to lim until stop is closed, paced at loadRate, and
@@ -78,8 +81,19 @@ func startLoad(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string) 
 // answer does.
 func startLoadAt(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string, rate, goroutines int) *load {
 	t.Helper()
-	l := &load{stop: make(chan struct{}), lags: schedlag.Start(t)}
 	var next atomic.Int64
+	return startLoadFunc(t, rate, goroutines, func() (*middleware.Limiter, keyfunc.Request, int) {
+		i := int(next.Add(1)) % loadKeys
+		return lim, keyfunc.FromHTTP(get(keyOf(i) + ":1")), i
+	})
+}
+
+// startLoadFunc is startLoadAt for requests that next makes: each is
+// decided by the limiter next returns, and its outcome is that of client
+// key.
+func startLoadFunc(t *testing.T, rate, goroutines int, next func() (lim *middleware.Limiter, r keyfunc.Request, key int)) *load {
+	t.Helper()
+	l := &load{stop: make(chan struct{}), lags: schedlag.Start(t)}
 	interval := time.Second * time.Duration(goroutines) / time.Duration(rate)
 	for g := range goroutines {
 		l.done.Add(1)
@@ -95,15 +109,14 @@ func startLoadAt(t *testing.T, lim *middleware.Limiter, keyOf func(i int) string
 					return
 				case <-tick.C:
 				}
-				i := int(next.Add(1)) % loadKeys
-				r := get(keyOf(i) + ":1")
+				lim, r, i := next()
 				start := time.Now()
-				res, err := lim.Decide(keyfunc.FromHTTP(r))
+				res, err := lim.Decide(r)
 				o := outcome{at: start, took: time.Since(start), key: i, decided: err == nil && res.Applied && res.StoreErr == nil}
 				if err == nil {
 					err = res.StoreErr
 				}
-				o.err = err
+				o.err, o.res, o.req = err, res, r
 				l.mu.Lock()
 				l.outcomes = append(l.outcomes, o)
 				l.mu.Unlock()

@@ -39,6 +39,12 @@ const (
 	// after the tokens were taken). The price is false denials, requests
 	// denied while other servers still held unused slices: at most
 	// (app servers − 1) × Lease per window.
+	//
+	// A Redis restarted empty (no persistence) loses the count c of each
+	// counter, slices counted in; the servers spend what their slices had
+	// left, then lease from zero: per window open at the restart, at most c
+	// (≤ the limit) over the limit (docs/redis.md, "A Redis restarted
+	// empty"; TestEmptyRestart).
 	SyncLease
 	// SyncWriteBack has each app server count in memory and push its
 	// deltas (per counter and window) to Redis every SyncInterval, or at
@@ -56,6 +62,13 @@ const (
 	// Bound: per window, at most app servers × MaxUnsynced over the limit,
 	// plus what the fleet admits in one SyncInterval. An app server that
 	// dies loses at most its unsynced counts: MaxUnsynced per counter.
+	//
+	// A Redis restarted empty (no persistence) loses the fleet's count c
+	// of each counter (≤ the limit plus the bound above); the unsynced
+	// counts are pushed into the new counter, and each server's view drops
+	// to it at its next push: per window open at the restart, at most c
+	// over the limit, plus the bound above in the new counter
+	// (docs/redis.md, "A Redis restarted empty"; TestEmptyRestart).
 	SyncWriteBack
 )
 

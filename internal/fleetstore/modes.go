@@ -478,8 +478,9 @@ type job struct {
 // call makes j's call to the backend.
 func (s *Store) call(ctx context.Context, j *job, call, ms int64) (fleet.Reply, error) {
 	c := s.fleetCall(j, call, ms)
-	rep, err := s.cfg.Backend.Fleet(ctx, time.Now().Add(s.cfg.Timeout), &c)
-	s.answered(&rep, err, call)
+	sent := time.Now()
+	rep, err := s.cfg.Backend.Fleet(ctx, sent.Add(s.cfg.Timeout), &c)
+	s.answered(&rep, err, call, sent)
 	return rep, err
 }
 
@@ -490,10 +491,10 @@ func (s *Store) fleetCall(j *job, call, ms int64) fleet.Call {
 }
 
 // answered follows the shared store's clock after a call made at its
-// instant (call < 0).
-func (s *Store) answered(rep *fleet.Reply, err error, call int64) {
+// instant (call < 0) and sent at sent (see clock).
+func (s *Store) answered(rep *fleet.Reply, err error, call int64, sent time.Time) {
 	if err == nil && call < 0 {
-		s.offset.Store(rep.Now - time.Now().UnixMilli())
+		s.skew.sample(rep.Now, sent, time.Now())
 	}
 }
 
@@ -816,10 +817,11 @@ func (s *Store) runBatch(ctx context.Context, bb BatchBackend, jobs []job, call,
 	}
 	reps := make([]fleet.Reply, len(jobs))
 	errs := make([]error, len(jobs))
-	bb.FleetAll(ctx, time.Now().Add(s.cfg.Timeout), ptrs, reps, errs)
+	sent := time.Now()
+	bb.FleetAll(ctx, sent.Add(s.cfg.Timeout), ptrs, reps, errs)
 	var first error
 	for i := range jobs {
-		s.answered(&reps[i], errs[i], call)
+		s.answered(&reps[i], errs[i], call, sent)
 		if err := s.applyJob(&jobs[i], &reps[i], errs[i], ms); err != nil && first == nil {
 			first = err
 		}

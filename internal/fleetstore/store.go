@@ -241,9 +241,8 @@ type Store struct {
 	shards [shards]shard
 	seed   maphash.Seed
 	holder uint32
-	// offset is the shared store's clock minus this one, in ms, as last
-	// measured (when the store keeps time).
-	offset atomic.Int64
+	// clock follows the shared store's clock, when it keeps time.
+	skew storeClock
 	// failUntil: no request waits for a push before this instant (ms).
 	failUntil atomic.Int64
 	// latest is the latest explicit instant decided at (ms).
@@ -390,7 +389,7 @@ func (s *Store) clock() time.Time {
 // pass in calls (-1 for the store's clock).
 func (s *Store) instant(now time.Time) (ms, call int64) {
 	if now.IsZero() {
-		return time.Now().UnixMilli() + s.offset.Load(), -1
+		return time.Now().UnixMilli() + s.skew.offset.Load(), -1
 	}
 	ms = now.UnixMilli()
 	for {

@@ -44,6 +44,11 @@ type call struct {
 	timed       bool
 	// quiet calls are not counted in Config.OnBatch (RunQuiet).
 	quiet bool
+	// redirected is set once a Cluster node turned the call away: it is
+	// then sent elsewhere (see redirector), and its caller waits for no
+	// reply past its deadline (see overrun), which the PINGs of its first
+	// destination say nothing of.
+	redirected atomic.Bool
 	// queued is when a timed call was queued for a lane; sent, in Unix
 	// nanoseconds, when the lane that took it was about to write it (zero
 	// until then). See overrun.
@@ -251,7 +256,7 @@ func (c *call) wait(ctx context.Context) (any, error) {
 			case <-ctx.Done():
 				cause = context.Cause(ctx)
 			case <-expired:
-				if d := c.dest; d != nil {
+				if d := c.dest; d != nil && !c.redirected.Load() {
 					if step, ok := d.overrun(c, due, time.Now()); ok {
 						due = time.Now().Add(step)
 						t.Reset(step)
@@ -306,6 +311,7 @@ func (c *call) release() {
 	c.deadline, c.hasDeadline, c.timed = time.Time{}, false, false
 	c.quiet, c.queued = false, time.Time{}
 	c.sent.Store(0)
+	c.redirected.Store(false)
 	c.state.Store(pending)
 	callPool.Put(c)
 }

@@ -94,6 +94,8 @@ type dest struct {
 	// bound is the context of the direct calls through the clone (see
 	// directContext).
 	bound atomic.Pointer[boundContext]
+	// memory reads the server's memory figures and notes its OOM replies.
+	memory memoryWatch
 }
 
 // boundContext is a context, derived from the Pipeliner's, that ends at
@@ -167,6 +169,7 @@ func newDest(p *Pipeliner, name string, c *redis.Client) *dest {
 	if d.stallThresholdLocked() > 0 {
 		d.prepareWatch()
 	}
+	d.watchMemory()
 	if p.slowRoundTrip > 0 {
 		d.startWarming()
 	}
@@ -298,6 +301,7 @@ func (d *dest) close() {
 	if d.warmer != nil {
 		d.warmer.Stop()
 	}
+	d.stopMemory()
 	d.cond.Broadcast()
 	d.closeWatch()
 	for _, c := range queued {
@@ -617,10 +621,15 @@ func stampSent(calls []*call, now time.Time) {
 // redirector those that a Cluster node turned away.
 func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
 	var noscript, redirect []*call
+	oom := false
 	for _, c := range sent {
 		val, err := c.result()
 		switch {
 		case err == nil || !isRedisError(err):
+			c.complete(val, err)
+		case IsOutOfMemory(err):
+			// Final: the failure policy's at once (see IsOutOfMemory).
+			oom = true
 			c.complete(val, err)
 		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			noscript = append(noscript, c)
@@ -629,6 +638,9 @@ func (d *dest) finish(ctx context.Context, client *redis.Client, sent []*call) {
 		default:
 			c.complete(val, err)
 		}
+	}
+	if oom {
+		d.noteOutOfMemory()
 	}
 	if len(noscript) > 0 {
 		redirect = d.reload(ctx, client, noscript, redirect)
@@ -655,7 +667,7 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 			pipe.ScriptLoad(ctx, c.script.src)
 		}
 		c.setCmd(ctx)
-		_ = pipe.Process(ctx, c.cmd)
+		d.p.queue(ctx, pipe, c.cmd)
 	}
 	if len(loaded) == 0 {
 		return redirect
@@ -691,7 +703,8 @@ func (d *dest) reload(ctx context.Context, client *redis.Client, calls, redirect
 	if len(again) > 0 {
 		pipe := client.Pipeline()
 		for _, c := range again {
-			c.cmd, c.idx, c.merged = pipe.Eval(ctx, c.script.src, c.keys(), c.userArgs()...), 0, false
+			c.cmd, c.idx, c.merged = evalCmd(ctx, c), 0, false
+			d.p.queue(ctx, pipe, c.cmd)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range again {
@@ -724,7 +737,7 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 		}
 		if !c.script.batch {
 			c.setCmd(ctx)
-			_ = pipe.Process(ctx, c.cmd)
+			p.queue(ctx, pipe, c.cmd)
 			continue
 		}
 		group = append(group[:0], c)
@@ -742,7 +755,7 @@ func (p *Pipeliner) commands(ctx context.Context, pipe redis.Pipeliner, sent, gr
 		} else {
 			args = mergeCmd(ctx, group, args)
 		}
-		_ = pipe.Process(ctx, c.cmd)
+		p.queue(ctx, pipe, c.cmd)
 	}
 	clear(group)
 	return group[:0], args

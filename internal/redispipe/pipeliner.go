@@ -48,10 +48,16 @@
 //
 // A script missing from a server's cache (NOSCRIPT) is loaded there with
 // SCRIPT LOAD and the call is sent again in the same step, so a cold cache
-// never fails a call. On a Cluster, a call answered with MOVED, ASK,
-// TRYAGAIN, CLUSTERDOWN or READONLY makes the client reload its slot map
-// and is sent once more through the ClusterClient, which follows the
-// redirection.
+// never fails a call. On a Cluster, a call answered with MOVED or ASK is
+// sent at once, with EVAL, to the node the reply names (after ASKING, for
+// ASK: the slot is being migrated and the call's keys have moved), and
+// MOVED makes the client reload its slot map; one answered with TRYAGAIN
+// (a migration has split its keys between two nodes), CLUSTERDOWN or
+// READONLY is sent again after a wait that doubles from 2 ms up to 50 ms,
+// for as long as its deadline leaves room, and then fails with that
+// reply. go-redis is kept from sending a Cluster batch again on its own
+// when the first reply is one it retries, which would run again the calls
+// of the batch that the node did run.
 //
 // # Deadlines
 //
@@ -115,6 +121,18 @@
 // (ClusterClient.ReloadState), so that calls move to a promoted replica as
 // soon as the cluster has one. Config.OnStateChange hears about every
 // change.
+//
+// # Memory
+//
+// An OOM reply (a server over its maxmemory with the policy noeviction)
+// is final: its call fails with it at once, sent once, and the server
+// stays up, but counts as out of memory for 10 s (ServerState.OutOfMemory,
+// IsOutOfMemory). Each destination's memory figures (maxmemory,
+// maxmemory-policy, used_memory, evicted_keys: Memory) are read when it is
+// made and every Config.MemoryEvery, with one INFO memory stats (CONFIG
+// GET maxmemory* where INFO is refused) through a clone of its client,
+// never on a call's way; Config.OnMemory hears the first reading, the
+// evictions and the OOM replies.
 //
 // # Round trips that grow
 //
@@ -251,6 +269,19 @@ type Config struct {
 	// batch before it is sent, on the goroutine that sends it; it must be
 	// fast.
 	OnBatch func(calls int)
+	// MemoryEvery is how often each server's memory figures (Memory) are
+	// read: once when its destination is made, then at this interval,
+	// one command each time (INFO memory stats, or CONFIG GET maxmemory*
+	// where INFO is refused), never on a call's way. Zero means
+	// DefaultMemoryEvery; a negative value, never.
+	MemoryEvery time.Duration
+	// OnMemory, if not nil, is called with a destination's memory
+	// figures when they are first read, when a later reading finds keys
+	// evicted since the one before or a change of whether the server may
+	// evict (Memory.MayEvict), and when its server answers OOM after not
+	// doing so for 10 s. Calls are made from goroutines of their own; it
+	// must not block for long.
+	OnMemory func(dest string, e MemoryEvent)
 }
 
 // kind is the sort of client a Pipeliner sends through.
@@ -368,7 +399,6 @@ func New(client redis.Scripter, cfg Config) (*Pipeliner, error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.redirects.p = p
-	p.redirects.cond.L = &p.redirects.mu
 	if c, ok := client.(*redis.Client); ok {
 		d, err := p.destFor(c)
 		if err != nil {

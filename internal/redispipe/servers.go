@@ -1,6 +1,9 @@
 package redispipe
 
-import "sort"
+import (
+	"sort"
+	"time"
+)
 
 // ServerState is the health of one destination, as Servers reports it.
 type ServerState struct {
@@ -12,6 +15,11 @@ type ServerState struct {
 	// why it is down or slow.
 	Up, Slow bool
 	Cause    error
+	// OutOfMemory reports that the server refused a call for want of
+	// memory (an OOM reply) in the last 10 s; Memory is what it said of
+	// its memory when last asked (see Config.MemoryEvery).
+	OutOfMemory bool
+	Memory      Memory
 }
 
 // Servers returns the health of every destination the Pipeliner has sent
@@ -27,10 +35,12 @@ func (p *Pipeliner) Servers() []ServerState {
 		dests = append(dests, p.single)
 	}
 	out := make([]ServerState, len(dests))
+	now := time.Now()
 	for i, d := range dests {
 		d.mu.Lock()
 		out[i] = ServerState{Server: d.name, Up: d.state == up, Slow: d.state == slow, Cause: d.downErr}
 		d.mu.Unlock()
+		out[i].Memory, out[i].OutOfMemory = d.memoryState(now)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Server < out[j].Server })
 	return out

@@ -36,7 +36,7 @@ func (s *Store) evalQuiet(ctx context.Context, script *redis.Script, keys []stri
 // for listing and lifting them, is a sorted set "<prefix>{sluice-admin}bans"
 // of "rule\x00key" scored by the instant each ends; it is pruned of bans
 // that ended each time a ban is set, so it holds the bans in force and
-// those of the last prune at most.
+// those of the last prune at most, and expires when its last ban ends.
 //
 // Overrides are a hash "<prefix>{sluice-admin}overrides" of "rule\x00key"
 // to an opaque value (the middleware's encoding of the limits), with a
@@ -82,11 +82,14 @@ return {untilMs, now}
 `)
 
 // indexBanScript adds ARGV[2] to the index KEYS[1] with score ARGV[1] (the
-// ban's end) unless it ends later already, and drops from it the bans that
-// ended before ARGV[3].
+// ban's end) unless it ends later already, drops from it the bans that
+// ended before ARGV[3] (the instant the ban was set at), and has it expire
+// when the last ban in it ends, as every key but the overrides' does.
 var indexBanScript = keyguard.Script(`
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
 redis.call('ZADD', KEYS[1], 'GT', ARGV[1], ARGV[2])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - tonumber(ARGV[3])))
 return 1
 `)
 

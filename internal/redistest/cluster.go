@@ -49,6 +49,9 @@ type ClusterServer struct {
 	dir   string
 	// ownDir is set when dir was created here and must be removed on Stop.
 	ownDir bool
+	// replicas is set for ClusterWithReplicas, whose nodes have
+	// replicaClusterArgs.
+	replicas bool
 
 	mu sync.Mutex
 	// slots is the slot map last seen to be agreed on: when the cluster
@@ -113,8 +116,9 @@ func (c *ClusterServer) Addrs() []string {
 
 // Nodes returns the nodes' servers: the three masters the cluster was
 // made with, then, for ClusterWithReplicas, their replicas in the same
-// order, so that Nodes()[i+3] replicates Nodes()[i]. A failover swaps the
-// roles; MasterForKey and MasterForSlot tell the current ones.
+// order, so that Nodes()[i+3] replicates Nodes()[i], then the masters
+// added by AddMaster. A failover swaps the roles; MasterForKey and
+// MasterForSlot tell the current ones.
 func (c *ClusterServer) Nodes() []*Server { return c.nodes }
 
 // Client returns a cluster client, closed when the test ends. opts may be
@@ -162,7 +166,7 @@ func (c *ClusterServer) Stop() {
 // nodes to one another, attaches the replicas if asked, and waits for the
 // cluster to be ready.
 func startCluster(dir string, replicas bool) (_ *ClusterServer, err error) {
-	c := &ClusterServer{dir: dir}
+	c := &ClusterServer{dir: dir, replicas: replicas}
 	defer func() {
 		if err != nil {
 			c.Stop()

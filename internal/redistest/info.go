@@ -92,3 +92,30 @@ func ReadUsage(t testing.TB, c *redis.Client) Usage {
 	u.CPU = time.Duration(cpu * float64(time.Second))
 	return u
 }
+
+// ErrorStats returns how many error replies of each kind (the first word
+// of the error: MOVED, ASK, TRYAGAIN, OOM, ...) the server that c talks to
+// has sent since it started, from INFO errorstats.
+func ErrorStats(t testing.TB, c redis.Cmdable) map[string]int64 {
+	t.Helper()
+	s, err := c.Info(context.Background(), "errorstats").Result()
+	if err != nil {
+		t.Fatalf("redistest: INFO errorstats: %v", err)
+	}
+	stats := map[string]int64{}
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		// errorstat_MOVED:count=12
+		rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "errorstat_")
+		if !ok {
+			continue
+		}
+		kind, count, _ := strings.Cut(rest, ":count=")
+		n, err := strconv.ParseInt(count, 10, 64)
+		if err != nil {
+			t.Fatalf("redistest: parse %q: %v", sc.Text(), err)
+		}
+		stats[kind] = n
+	}
+	return stats
+}

@@ -34,6 +34,24 @@
 //	m.Kill()
 //	promoted, took, err := c.WaitFailover(ctx, m)
 //
+// # Resharding
+//
+// A Cluster's slots move as redis-cli --cluster reshard and rebalance move
+// them, while the test's clients keep using them: AddMaster starts a node
+// and has it join as a master with no slot; MoveSlots moves slots to a
+// master (IMPORTING and MIGRATING, MIGRATE of a few keys at a time, which
+// MoveOptions.Pause can hold half moved, then SETSLOT NODE on every
+// master); Rebalance moves slots to the masters that have less than their
+// share:
+//
+//	n, _ := c.AddMaster(ctx)
+//	m, _ := c.MoveSlots(ctx, n, slots, redistest.MoveOptions{Batch: 2})
+//	_, _ = c.Rebalance(ctx, redistest.MoveOptions{Max: 64})
+//
+// ErrorStats (INFO errorstats) counts the MOVED, ASK and TRYAGAIN replies
+// a node sent, and StandaloneWith starts a server with options of the
+// test's own ("--maxmemory", "4mb").
+//
 // # Measuring
 //
 // Tests that state what a store costs Redis read it from the server:
@@ -100,6 +118,19 @@ func Standalone(t testing.TB) *Server {
 	t.Helper()
 	requireBinary(t)
 	s, err := startServer(t.TempDir(), false, nil)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StandaloneWith is Standalone with more command-line options for
+// redis-server, which override the defaults: "--maxmemory", "4mb", say.
+func StandaloneWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	requireBinary(t)
+	s, err := startServer(t.TempDir(), false, args)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}

@@ -49,6 +49,11 @@ func waitUntil(ctx context.Context, timeout, interval time.Duration, what string
 type clients struct {
 	servers   map[string]*redis.Client
 	sentinels map[string]*redis.SentinelClient
+	// patient, if set, gives the clients' reads and writes 5 s, and tries
+	// a command again after a timeout: for commands that change the
+	// servers (moving slots), which a busy machine may make slow, and
+	// which may be sent again.
+	patient bool
 }
 
 // clientOptions returns the options of the clients of a wait.
@@ -70,7 +75,11 @@ func (cs *clients) get(addr string) *redis.Client {
 		if cs.servers == nil {
 			cs.servers = make(map[string]*redis.Client)
 		}
-		c = redis.NewClient(clientOptions(addr))
+		o := clientOptions(addr)
+		if cs.patient {
+			o.ReadTimeout, o.WriteTimeout, o.MaxRetries = 5*time.Second, 5*time.Second, 2
+		}
+		c = redis.NewClient(o)
 		cs.servers[addr] = c
 	}
 	return c

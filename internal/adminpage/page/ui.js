@@ -335,7 +335,11 @@ function renderHealth(h) {
   add("Circuit breaker", el("span", { class: "badge " + (h.breaker_open ? "open" : "closed") }, h.breaker_open ? "open: store bypassed" : "closed"));
   if ((h.servers || []).length) {
     add("Redis servers", ...h.servers.map((s) => el("div", {},
-      el("span", { class: "badge " + (s.up ? "up" : "down") }, s.up ? "up" : "down"), " ", el("code", {}, s.server),
+      el("span", { class: "badge " + (s.up ? "up" : "down") }, s.up ? "up" : "down"),
+      s.out_of_memory ? el("span", { class: "badge down", title: "the server refuses writes (OOM): requests that would write go to the failure policy" }, "out of memory") : null,
+      s.may_evict ? el("span", { class: "badge warn", title: `maxmemory-policy ${s.maxmemory_policy}: the server may evict rate-limit counters; set noeviction` }, "may evict counters") : null,
+      " ", el("code", {}, s.server),
+      s.evicted_keys > 0 ? el("span", { class: "muted small" }, ` ${s.evicted_keys} keys evicted`) : null,
       s.error ? el("span", { class: "muted small" }, " " + s.error) : null)));
   } else if (h.store !== "memory") {
     add("Redis servers", el("span", { class: "muted" }, "none used yet"));

@@ -32,6 +32,9 @@
 //	sluice.deny_cache.hits         Int64Counter                  {request}  rule           sluice_deny_cache_hits_total
 //	sluice.circuit_breaker.open    Int64ObservableGauge                                    sluice_circuit_breaker_open
 //	sluice.store.server.up         Int64ObservableGauge                     server         sluice_store_server_up
+//	sluice.store.server.out_of_memory Int64ObservableGauge                  server         sluice_store_server_out_of_memory
+//	sluice.store.server.may_evict  Int64ObservableGauge                     server         sluice_store_server_may_evict
+//	sluice.store.server.evicted_keys Int64ObservableCounter      {key}      server         sluice_store_server_evicted_keys_total
 //	sluice.memory.keys             Int64ObservableUpDownCounter  {key}                     sluice_memory_keys
 //	sluice.memory.evictions        Int64ObservableCounter        {key}                     sluice_memory_evictions_total
 //	sluice.queue.waiting           Int64ObservableUpDownCounter  {request}                 sluice_queue_waiting
@@ -124,20 +127,26 @@ const ScopeName = "github.com/sluicehq/sluice/middleware/metrics/otel"
 
 // The names of the instruments.
 const (
-	Decisions            = "sluice.decisions"
-	StoreCallDuration    = "sluice.store.call.duration"
-	StoreErrors          = "sluice.store.errors"
-	StoreBatchSize       = "sluice.store.batch.size"
-	DenyCacheHits        = "sluice.deny_cache.hits"
-	CircuitBreakerOpen   = "sluice.circuit_breaker.open"
-	StoreServerUp        = "sluice.store.server.up"
-	MemoryKeys           = "sluice.memory.keys"
-	MemoryEvictions      = "sluice.memory.evictions"
-	QueueWaiting         = "sluice.queue.waiting"
-	ConcurrencySlotsHeld = "sluice.concurrency.slots_held"
-	RulesReloads         = "sluice.rules.reloads"
-	RulesSourceFailures  = "sluice.rules.source.failures"
-	RulesSourceLastLoad  = "sluice.rules.source.last_load"
+	Decisions          = "sluice.decisions"
+	StoreCallDuration  = "sluice.store.call.duration"
+	StoreErrors        = "sluice.store.errors"
+	StoreBatchSize     = "sluice.store.batch.size"
+	DenyCacheHits      = "sluice.deny_cache.hits"
+	CircuitBreakerOpen = "sluice.circuit_breaker.open"
+	StoreServerUp      = "sluice.store.server.up"
+	// StoreServerOutOfMemory, StoreServerMayEvict and
+	// StoreServerEvictedKeys are a Redis server's memory, observed from
+	// the watched limiters' Health (Watch).
+	StoreServerOutOfMemory = "sluice.store.server.out_of_memory"
+	StoreServerMayEvict    = "sluice.store.server.may_evict"
+	StoreServerEvictedKeys = "sluice.store.server.evicted_keys"
+	MemoryKeys             = "sluice.memory.keys"
+	MemoryEvictions        = "sluice.memory.evictions"
+	QueueWaiting           = "sluice.queue.waiting"
+	ConcurrencySlotsHeld   = "sluice.concurrency.slots_held"
+	RulesReloads           = "sluice.rules.reloads"
+	RulesSourceFailures    = "sluice.rules.source.failures"
+	RulesSourceLastLoad    = "sluice.rules.source.last_load"
 )
 
 // MetricNames lists the name of every instrument a Metrics creates.
@@ -149,6 +158,9 @@ var MetricNames = []string{
 	DenyCacheHits,
 	CircuitBreakerOpen,
 	StoreServerUp,
+	StoreServerOutOfMemory,
+	StoreServerMayEvict,
+	StoreServerEvictedKeys,
 	MemoryKeys,
 	MemoryEvictions,
 	QueueWaiting,
@@ -282,8 +294,9 @@ type Metrics struct {
 	reloadErr     []metric.AddOption
 
 	breaker, serverUp       metric.Int64ObservableGauge
+	oom, mayEvict           metric.Int64ObservableGauge
 	memKeys, waiting, slots metric.Int64ObservableUpDownCounter
-	evictions               metric.Int64ObservableCounter
+	evictions, evictedKeys  metric.Int64ObservableCounter
 	registration            metric.Registration
 	closeOnce               sync.Once
 
@@ -379,6 +392,15 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.serverUp, err = meter.Int64ObservableGauge(StoreServerUp,
 		metric.WithDescription("1 while a server of the rate limiter's store answers, 0 while it is down; only servers that went down at least once are listed."))
 	check(err)
+	m.oom, err = meter.Int64ObservableGauge(StoreServerOutOfMemory,
+		metric.WithDescription("1 while a Redis server of the rate limiter's store refuses writes for want of memory (an OOM reply in the last 10 s): requests that would write go to the failure policy. Observed from the watched limiters."))
+	check(err)
+	m.mayEvict, err = meter.Int64ObservableGauge(StoreServerMayEvict,
+		metric.WithDescription("1 while a Redis server of the rate limiter's store has a maxmemory and a maxmemory-policy other than noeviction: it may evict counters, whose clients then start afresh. Observed from the watched limiters."))
+	check(err)
+	m.evictedKeys, err = meter.Int64ObservableCounter(StoreServerEvictedKeys, metric.WithUnit("{key}"),
+		metric.WithDescription("Keys a Redis server of the rate limiter's store evicted since it started (its evicted_keys, read every RedisConfig.MemoryCheck). Observed from the watched limiters."))
+	check(err)
 	m.memKeys, err = meter.Int64ObservableUpDownCounter(MemoryKeys, metric.WithUnit("{key}"),
 		metric.WithDescription("Counters the rate limiter's in-memory stores hold (the store or the fail-local fallback)."))
 	check(err)
@@ -405,7 +427,8 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.reloads.Add(context.Background(), 0, m.reloadOK...)
 	m.reloads.Add(context.Background(), 0, m.reloadErr...)
 	m.storeErrors.Add(context.Background(), 0, m.baseAdd...)
-	m.registration, err = meter.RegisterCallback(m.observe, m.breaker, m.serverUp, m.memKeys, m.evictions, m.waiting, m.slots)
+	m.registration, err = meter.RegisterCallback(m.observe, m.breaker, m.serverUp, m.memKeys, m.evictions, m.waiting, m.slots,
+		m.oom, m.mayEvict, m.evictedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
 	}
@@ -431,7 +454,10 @@ func (m *Metrics) Close() error {
 // Watch has the Metrics observe lim's Stats at each collection: the
 // up-down counters sluice.memory.keys, sluice.queue.waiting and
 // sluice.concurrency.slots_held and the counter sluice.memory.evictions,
-// added up over the watched limiters, and observed only while at least one
+// added up over the watched limiters, and the memory of their stores'
+// Redis servers from their Health (sluice.store.server.out_of_memory,
+// sluice.store.server.may_evict and sluice.store.server.evicted_keys, for
+// servers whose figures were read), all observed only while at least one
 // is watched. The limiter is made after the Metrics, since it takes the
 // Metrics as an option. unwatch stops observing lim; call it if lim is
 // closed before the Metrics.
@@ -556,9 +582,13 @@ func (m *Metrics) BreakerChanged(open bool) {
 
 // StoreHealth sets sluice.store.server.up for e.Server (StoreLabel for an
 // event about the store as a whole; OtherLabel, following the last event
-// of any of them, for servers past the cap). It implements
+// of any of them, for servers past the cap); reports on memory are left to
+// Watch, which observes them from Health. It implements
 // middleware.Observer.
 func (m *Metrics) StoreHealth(e middleware.HealthEvent) {
+	if e.Memory != nil {
+		return // observed from Health (Watch)
+	}
 	server := e.Server
 	if server == "" {
 		server = StoreLabel
@@ -606,6 +636,14 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 	o.ObserveInt64(m.evictions, int64(sum.MemoryEvictions), m.base)
 	o.ObserveInt64(m.waiting, sum.Waiting, m.base)
 	o.ObserveInt64(m.slots, int64(sum.SlotsHeld), m.base)
+	for _, sm := range middleware.ServerMemories(lims, m.max, OtherLabel) {
+		server := m.with(attribute.String("server", sm.Server))
+		o.ObserveInt64(m.oom, boolValue(sm.OutOfMemory), server)
+		o.ObserveInt64(m.mayEvict, boolValue(sm.Memory.MayEvict()), server)
+		if sm.Memory.Evicted >= 0 {
+			o.ObserveInt64(m.evictedKeys, sm.Memory.Evicted, server)
+		}
+	}
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/keyfunc"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/middleware/config"
@@ -365,6 +366,7 @@ func TestMetricNames(t *testing.T) {
 	t.Cleanup(func() { lim.Close() })
 	m.Watch(lim)
 	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
+	redisLimiter(t, m, redistest.StandaloneWith(t, "--maxmemory", "64mb")) // the Redis servers' memory
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	m.StoreBatch(3)

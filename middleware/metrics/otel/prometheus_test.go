@@ -12,6 +12,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/middleware"
 	sluiceotel "github.com/sluicehq/sluice/middleware/metrics/otel"
 )
@@ -26,9 +27,13 @@ var prometheusMetrics = map[string]struct {
 	"sluice_decisions_total":                 {dto.MetricType_COUNTER, []string{"outcome", "rule"}},
 	"sluice_store_call_duration_seconds":     {dto.MetricType_HISTOGRAM, nil},
 	"sluice_store_errors_total":              {dto.MetricType_COUNTER, nil},
+	"sluice_store_batch_size":                {dto.MetricType_HISTOGRAM, nil},
 	"sluice_deny_cache_hits_total":           {dto.MetricType_COUNTER, []string{"rule"}},
 	"sluice_circuit_breaker_open":            {dto.MetricType_GAUGE, nil},
 	"sluice_store_server_up":                 {dto.MetricType_GAUGE, []string{"server"}},
+	"sluice_store_server_out_of_memory":      {dto.MetricType_GAUGE, []string{"server"}},
+	"sluice_store_server_may_evict":          {dto.MetricType_GAUGE, []string{"server"}},
+	"sluice_store_server_evicted_keys_total": {dto.MetricType_COUNTER, []string{"server"}},
 	"sluice_memory_keys":                     {dto.MetricType_GAUGE, nil},
 	"sluice_memory_evictions_total":          {dto.MetricType_COUNTER, nil},
 	"sluice_queue_waiting":                   {dto.MetricType_GAUGE, nil},
@@ -78,6 +83,7 @@ func TestPrometheusNames(t *testing.T) {
 	t.Cleanup(func() { lim.Close() })
 	m.Watch(lim)
 	serve(context.Background(), lim.Handler(ok), "/api/a", "alice")
+	redisLimiter(t, m, redistest.StandaloneWith(t, "--maxmemory", "64mb")) // the Redis servers' memory
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	syncEvents(m)

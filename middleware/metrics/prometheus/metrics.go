@@ -22,6 +22,9 @@
 //	sluice_deny_cache_hits_total{rule}     counter    denials answered by the deny cache
 //	sluice_circuit_breaker_open            gauge      1 while a circuit breaker is open
 //	sluice_store_server_up{server}         gauge      1 while a store server answers
+//	sluice_store_server_out_of_memory{server}  gauge  1 while a Redis server refuses writes (OOM)
+//	sluice_store_server_may_evict{server}  gauge      1 while a Redis server's maxmemory-policy may evict counters
+//	sluice_store_server_evicted_keys_total{server}  counter  keys a Redis server evicted (its evicted_keys)
 //	sluice_memory_keys                     gauge      counters the in-memory stores hold
 //	sluice_memory_evictions_total          counter    counters they dropped to stay in MaxKeys
 //	sluice_queue_waiting                   gauge      requests waiting in a leaky bucket's queue
@@ -89,20 +92,26 @@ import (
 
 // The names of the metrics.
 const (
-	DecisionsTotal       = "sluice_decisions_total"
-	StoreCallDuration    = "sluice_store_call_duration_seconds"
-	StoreErrorsTotal     = "sluice_store_errors_total"
-	StoreBatchSize       = "sluice_store_batch_size"
-	DenyCacheHitsTotal   = "sluice_deny_cache_hits_total"
-	CircuitBreakerOpen   = "sluice_circuit_breaker_open"
-	StoreServerUp        = "sluice_store_server_up"
-	MemoryKeys           = "sluice_memory_keys"
-	MemoryEvictionsTotal = "sluice_memory_evictions_total"
-	QueueWaiting         = "sluice_queue_waiting"
-	ConcurrencySlotsHeld = "sluice_concurrency_slots_held"
-	RulesReloadsTotal    = "sluice_rules_reloads_total"
-	RulesSourceFailures  = "sluice_rules_source_failures"
-	RulesSourceLastLoad  = "sluice_rules_source_last_load_seconds"
+	DecisionsTotal     = "sluice_decisions_total"
+	StoreCallDuration  = "sluice_store_call_duration_seconds"
+	StoreErrorsTotal   = "sluice_store_errors_total"
+	StoreBatchSize     = "sluice_store_batch_size"
+	DenyCacheHitsTotal = "sluice_deny_cache_hits_total"
+	CircuitBreakerOpen = "sluice_circuit_breaker_open"
+	StoreServerUp      = "sluice_store_server_up"
+	// StoreServerOutOfMemory, StoreServerMayEvict and
+	// StoreServerEvictedKeys are a Redis server's memory, read from the
+	// watched limiters' Health (Watch).
+	StoreServerOutOfMemory = "sluice_store_server_out_of_memory"
+	StoreServerMayEvict    = "sluice_store_server_may_evict"
+	StoreServerEvictedKeys = "sluice_store_server_evicted_keys_total"
+	MemoryKeys             = "sluice_memory_keys"
+	MemoryEvictionsTotal   = "sluice_memory_evictions_total"
+	QueueWaiting           = "sluice_queue_waiting"
+	ConcurrencySlotsHeld   = "sluice_concurrency_slots_held"
+	RulesReloadsTotal      = "sluice_rules_reloads_total"
+	RulesSourceFailures    = "sluice_rules_source_failures"
+	RulesSourceLastLoad    = "sluice_rules_source_last_load_seconds"
 )
 
 // MetricNames lists the name of every metric a Metrics exports, for
@@ -116,6 +125,9 @@ var MetricNames = []string{
 	DenyCacheHitsTotal,
 	CircuitBreakerOpen,
 	StoreServerUp,
+	StoreServerOutOfMemory,
+	StoreServerMayEvict,
+	StoreServerEvictedKeys,
 	MemoryKeys,
 	MemoryEvictionsTotal,
 	QueueWaiting,
@@ -241,6 +253,7 @@ type Metrics struct {
 
 	decisionsDesc, denyHitsDesc, breakerDesc, serverUpDesc *prometheus.Desc
 	memKeysDesc, evictionsDesc, waitingDesc, slotsDesc     *prometheus.Desc
+	oomDesc, mayEvictDesc, evictedDesc                     *prometheus.Desc
 	reloadsDesc                                            *prometheus.Desc
 
 	sourceFailures, sourceLoaded prometheus.Gauge
@@ -322,6 +335,15 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		serverUpDesc: prometheus.NewDesc(StoreServerUp,
 			"1 while a server of the rate limiter's store answers, 0 while it is down; only servers that went down at least once are listed.",
 			[]string{"server"}, cl),
+		oomDesc: prometheus.NewDesc(StoreServerOutOfMemory,
+			"1 while a Redis server of the rate limiter's store refuses writes for want of memory (an OOM reply in the last 10 s): requests that would write go to the failure policy. Read from the watched limiters.",
+			[]string{"server"}, cl),
+		mayEvictDesc: prometheus.NewDesc(StoreServerMayEvict,
+			"1 while a Redis server of the rate limiter's store has a maxmemory and a maxmemory-policy other than noeviction: it may evict counters, whose clients then start afresh. Read from the watched limiters.",
+			[]string{"server"}, cl),
+		evictedDesc: prometheus.NewDesc(StoreServerEvictedKeys,
+			"Keys a Redis server of the rate limiter's store evicted since it started (its evicted_keys, read every RedisConfig.MemoryCheck). Read from the watched limiters.",
+			[]string{"server"}, cl),
 		memKeysDesc: prometheus.NewDesc(MemoryKeys,
 			"Counters the rate limiter's in-memory stores hold (the store or the fail-local fallback).",
 			nil, cl),
@@ -357,7 +379,11 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 // sluice_memory_keys, sluice_queue_waiting and
 // sluice_concurrency_slots_held and the counter
 // sluice_memory_evictions_total, added up over the watched limiters, and
-// exported only while at least one is watched. The limiter is made after
+// the memory of their stores' Redis servers from their Health
+// (sluice_store_server_out_of_memory, sluice_store_server_may_evict and
+// sluice_store_server_evicted_keys_total, one series per server, for
+// servers whose figures were read), all exported only while at least one
+// limiter is watched. The limiter is made after
 // the Metrics, since it takes the Metrics as an option. unwatch stops
 // reading lim; call it if lim is closed before the Metrics is
 // unregistered.
@@ -445,9 +471,13 @@ func (m *Metrics) BreakerChanged(open bool) {
 
 // StoreHealth sets sluice_store_server_up for e.Server (StoreLabel for an
 // event about the store as a whole; OtherLabel, following the last event
-// of any of them, for servers past the cap). It implements
+// of any of them, for servers past the cap); reports on memory are left
+// to Watch, which reads them from Health. It implements
 // middleware.Observer.
 func (m *Metrics) StoreHealth(e middleware.HealthEvent) {
+	if e.Memory != nil {
+		return // read from Health (Watch)
+	}
 	server := e.Server
 	if server == "" {
 		server = StoreLabel
@@ -468,6 +498,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.decisionsDesc, m.denyHitsDesc, m.breakerDesc, m.serverUpDesc,
 		m.memKeysDesc, m.evictionsDesc, m.waitingDesc, m.slotsDesc, m.reloadsDesc,
+		m.oomDesc, m.mayEvictDesc, m.evictedDesc,
 	} {
 		ch <- d
 	}
@@ -537,6 +568,13 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.evictionsDesc, prometheus.CounterValue, float64(sum.MemoryEvictions))
 	ch <- prometheus.MustNewConstMetric(m.waitingDesc, prometheus.GaugeValue, float64(sum.Waiting))
 	ch <- prometheus.MustNewConstMetric(m.slotsDesc, prometheus.GaugeValue, float64(sum.SlotsHeld))
+	for _, sm := range middleware.ServerMemories(lims, m.max, OtherLabel) {
+		ch <- prometheus.MustNewConstMetric(m.oomDesc, prometheus.GaugeValue, boolValue(sm.OutOfMemory), sm.Server)
+		ch <- prometheus.MustNewConstMetric(m.mayEvictDesc, prometheus.GaugeValue, boolValue(sm.Memory.MayEvict()), sm.Server)
+		if sm.Memory.Evicted >= 0 {
+			ch <- prometheus.MustNewConstMetric(m.evictedDesc, prometheus.CounterValue, float64(sm.Memory.Evicted), sm.Server)
+		}
+	}
 }
 
 func boolValue(b bool) float64 {

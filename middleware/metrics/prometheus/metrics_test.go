@@ -537,6 +537,7 @@ func TestMetricNames(t *testing.T) {
 	t.Cleanup(func() { lim.Close() })
 	m.Watch(lim)
 	serve(lim.Handler(ok), "/api/a", "alice")
+	redisLimiter(t, m, redistest.StandaloneWith(t, "--maxmemory", "64mb")) // the Redis servers' memory
 	m.DenyCacheHit("api")
 	m.StoreHealth(middleware.HealthEvent{Server: "127.0.0.1:6379", Up: true})
 	m.CapacityChanged(middleware.CapacityEvent{Rule: "api", Limit: 12, Spare: 0.5})
