@@ -51,6 +51,7 @@ var Capabilities = []Capability{
 	{"bans", bans},
 	{"overrides", overrides},
 	{"pauses", pauses},
+	{"outbound learning", outboundLearning},
 	{"regions", regionsCap},
 	{"rules from Redis", rulesSource},
 }
@@ -301,6 +302,26 @@ func pauses(t testing.TB, e Env) {
 	check(t, "PausedUntil", err)
 	if !got.Equal(until) {
 		t.Fatalf("PausedUntil %v, want %v", got, until)
+	}
+}
+
+// outboundLearning reads the fleet's learned fraction of an upstream's
+// budget, commits a cut to it and reads it again.
+func outboundLearning(t testing.TB, e Env) {
+	ctx := context.Background()
+	s := store(t, e)
+	st, now, _, err := s.Learned(ctx, at, "upstream", "api.example.com", nil, 0, 0)
+	check(t, "Learned (read)", err)
+	p := st.Cut(now, time.Second, 0.5, now-2000, false)
+	cut, _, applied, err := s.Learned(ctx, at, "upstream", "api.example.com", &p, 2*time.Second, time.Minute)
+	check(t, "Learned (cut)", err)
+	if !applied || cut.Cuts != 1 {
+		t.Fatalf("Learned (cut): applied %v, %d cuts, want the cut applied", applied, cut.Cuts)
+	}
+	again, _, _, err := s.Learned(ctx, at, "upstream", "api.example.com", nil, 0, 0)
+	check(t, "Learned (read)", err)
+	if again != cut {
+		t.Fatalf("Learned read %+v after the cut, want %+v", again, cut)
 	}
 }
 

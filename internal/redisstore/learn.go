@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/sluicehq/sluice/internal/keyguard"
 	"github.com/sluicehq/sluice/internal/learn"
 )
 
@@ -20,7 +19,7 @@ import (
 //go:embed learn.lua
 var learnSrc string
 
-var learnScript = redis.NewScript(learnSrc)
+var learnScript = keyguard.Script(learnSrc)
 
 // Learned reads, or with p commits a cut to, the learned state of the
 // budget name (a rule's, or a usage limit's) for key, at now (the zero
