@@ -323,6 +323,12 @@ func TestDashboard(t *testing.T) {
 		if p.GridPos.W <= 0 || p.GridPos.H <= 0 || p.GridPos.X+p.GridPos.W > 24 {
 			t.Errorf("%s: bad gridPos %+v", where, p.GridPos)
 		}
+		for _, q := range panels {
+			a, b := p.GridPos, q.GridPos
+			if q.ID < p.ID && a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("%s overlaps panel %s", where, q.Title)
+			}
+		}
 		if p.Type == "row" {
 			continue
 		}
