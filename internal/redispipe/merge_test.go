@@ -223,8 +223,16 @@ func TestDirectCalls(t *testing.T) {
 				t.Fatalf("the first call: %d sent alone, %d in pipelines; want it in a pipeline", h.alone, cmds)
 			}
 			h.reset()
+			// Direct calls are off while the server's recent round trips
+			// leave one too little room, or this process was late to read
+			// replies (directLocked), as on a loaded machine: count the
+			// calls made then.
 			const n = 20
+			off := 0
 			for i := 0; i < n; i++ {
+				if !directsOn(p) {
+					off++
+				}
 				cx, cancel := ctx, context.CancelFunc(func() {})
 				if tc.deadline > 0 {
 					cx, cancel = context.WithTimeout(ctx, tc.deadline)
@@ -239,6 +247,12 @@ func TestDirectCalls(t *testing.T) {
 			h.mu.Lock()
 			alone, piped := h.alone, cmds-h.alone
 			h.mu.Unlock()
+			if tc.direct && off > 0 && piped+alone <= off {
+				// The server answered slowly, or this process read late:
+				// calls go to the lanes then, by design.
+				t.Logf("NOT FAILED, the machine was too busy (direct calls were off for %d calls of %d): %d sent alone, %d in pipelines", off, n, alone, piped)
+				return
+			}
 			switch {
 			case tc.direct && tc.ctxTimeout && (alone != n || piped != 0):
 				t.Errorf("%d sent alone, %d in pipelines; want all %d alone", alone, piped, n)
@@ -477,4 +491,23 @@ func TestRunAll(t *testing.T) {
 			}
 		})
 	}
+}
+
+// directsOn reports whether p's server would let a call go direct now:
+// directLocked's conditions, but for the process being short of CPU
+// (which the test turns off).
+func directsOn(p *Pipeliner) bool {
+	d := p.single
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range d.lanes {
+		if l.busy {
+			return false // still finishing the batch before
+		}
+	}
+	return d.served && d.state == up && len(d.queue) == 0 &&
+		!(p.directTimeout > 0 && 2*d.peak > p.directTimeout) && time.Since(d.lateAt) >= lateFor
 }
