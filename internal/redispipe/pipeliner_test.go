@@ -232,10 +232,14 @@ func TestDeadlinePausedServer(t *testing.T) {
 		over = append(over, d)
 	}
 	p99 := percentile(over, 0.99)
-	t.Logf("lateness past the deadline: p50 %s, p99 %s, max %s; %d goroutines while %d callers waited (%d before New)",
-		percentile(over, 0.5), p99, over[len(over)-1], during, callers, before)
-	if p99 > 25*time.Millisecond {
-		lag.timing(t, "callers returned up to %s after their deadline (p99)", p99)
+	// The same callers waiting for nothing but their deadline: how late
+	// this machine wakes 64 goroutines at once, which a loaded machine
+	// (a second test run, the race detector) makes tens of ms.
+	ref := plainDeadlineLateness(ctx, callers, rounds, timeout)
+	t.Logf("lateness past the deadline: p50 %s, p99 %s, max %s (callers that only wait for their deadline: p99 %s); %d goroutines while %d callers waited (%d before New)",
+		percentile(over, 0.5), p99, over[len(over)-1], ref, during, callers, before)
+	if p99 > ref+25*time.Millisecond {
+		lag.timing(t, "callers returned up to %s after their deadline (p99), %s more than callers that only wait for it", p99, p99-ref)
 	}
 	// The callers and a few lanes, never one per call.
 	if extra := during - before - callers; extra > 10 {
@@ -506,4 +510,32 @@ func TestRepliesMatchCalls(t *testing.T) {
 	if ok.Load() == 0 {
 		t.Error("no call was answered")
 	}
+}
+
+// plainDeadlineLateness returns the 99th percentile of how late callers
+// goroutines, each waiting rounds times for a deadline of timeout and for
+// nothing else, return past it.
+func plainDeadlineLateness(ctx context.Context, callers, rounds int, timeout time.Duration) time.Duration {
+	var wg sync.WaitGroup
+	late := make(chan time.Duration, rounds*callers)
+	for g := 0; g < callers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				start := time.Now()
+				<-cctx.Done()
+				late <- time.Since(start) - timeout
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	close(late)
+	var over []time.Duration
+	for d := range late {
+		over = append(over, d)
+	}
+	return percentile(over, 0.99)
 }
