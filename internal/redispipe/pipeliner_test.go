@@ -203,34 +203,17 @@ func TestDeadlinePausedServer(t *testing.T) {
 
 	lag := newLagMeter(t)
 	const callers, rounds, timeout = 64, 3, 50 * time.Millisecond
-	var wg sync.WaitGroup
-	late := make(chan time.Duration, rounds*callers)
-	for g := 0; g < callers; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < rounds; i++ {
-				cctx, cancel := context.WithTimeout(ctx, timeout)
-				start := time.Now()
-				_, err := runDecide(cctx, p, prefix+"k"+strconv.Itoa(g))
-				took := time.Since(start)
-				cancel()
-				if !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("call on a paused server: %v, want a deadline error", err)
-				}
-				late <- took - timeout
-			}
-		}()
-	}
-	// Halfway through the first round every caller is waiting.
-	time.Sleep(timeout / 2)
-	during := runtime.NumGoroutine()
-	wg.Wait()
-	close(late)
-	var over []time.Duration
-	for d := range late {
-		over = append(over, d)
-	}
+	var during int
+	over := deadlineLateness(ctx, callers, rounds, timeout, func(cctx context.Context, g int) {
+		_, err := runDecide(cctx, p, prefix+"k"+strconv.Itoa(g))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("call on a paused server: %v, want a deadline error", err)
+		}
+	}, func() {
+		// Halfway through the first round every caller is waiting.
+		time.Sleep(timeout / 2)
+		during = runtime.NumGoroutine()
+	})
 	p99 := percentile(over, 0.99)
 	// The same callers waiting for nothing but their deadline: how late
 	// this machine wakes 64 goroutines at once, which a loaded machine
@@ -516,6 +499,13 @@ func TestRepliesMatchCalls(t *testing.T) {
 // goroutines, each waiting rounds times for a deadline of timeout and for
 // nothing else, return past it.
 func plainDeadlineLateness(ctx context.Context, callers, rounds int, timeout time.Duration) time.Duration {
+	return percentile(deadlineLateness(ctx, callers, rounds, timeout, func(cctx context.Context, _ int) { <-cctx.Done() }, func() {}), 0.99)
+}
+
+// deadlineLateness runs callers goroutines that each call call rounds
+// times with a deadline of timeout, runs meanwhile once they started, and
+// returns how late past its deadline each call returned.
+func deadlineLateness(ctx context.Context, callers, rounds int, timeout time.Duration, call func(ctx context.Context, g int), meanwhile func()) []time.Duration {
 	var wg sync.WaitGroup
 	late := make(chan time.Duration, rounds*callers)
 	for g := 0; g < callers; g++ {
@@ -525,17 +515,18 @@ func plainDeadlineLateness(ctx context.Context, callers, rounds int, timeout tim
 			for i := 0; i < rounds; i++ {
 				cctx, cancel := context.WithTimeout(ctx, timeout)
 				start := time.Now()
-				<-cctx.Done()
+				call(cctx, g)
 				late <- time.Since(start) - timeout
 				cancel()
 			}
 		}()
 	}
+	meanwhile()
 	wg.Wait()
 	close(late)
 	var over []time.Duration
 	for d := range late {
 		over = append(over, d)
 	}
-	return percentile(over, 0.99)
+	return over
 }
