@@ -7,12 +7,17 @@
 // (close every connection). Linux netem would do the same in the kernel;
 // it is not available everywhere the tests run.
 //
+// The proxy runs in a process of its own (the test binary started again,
+// see child.go): in the test's process, its goroutines would wait to run
+// behind the test's, and a busy test would see a slower link than it set.
+//
 // It serves the tests of a slow or vanished Redis (a Redis behind a link
 // whose delay rises mid-run) and those of regions (package regiontest).
 package delayproxy
 
 import (
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +33,10 @@ type chunk struct {
 // Proxy forwards TCP connections from a loopback listener to a target
 // address. It is safe for concurrent use.
 type Proxy struct {
+	// ctl, if not nil, drives the proxy that runs in a process of its
+	// own (see child.go); the fields below are then unused.
+	ctl *child
+
 	ln     net.Listener
 	target string
 
@@ -45,8 +54,19 @@ type Proxy struct {
 }
 
 // New listens on a free loopback port and forwards to target, each byte
-// delayed by delay in each direction.
+// delayed by delay in each direction. The proxy runs in a process of its
+// own, this binary started again (see child.go), so that how busy the
+// calling process is does not change the delay it sets.
 func New(target string, delay time.Duration) (*Proxy, error) {
+	c, err := childStart(target, delay)
+	if err != nil {
+		return nil, err
+	}
+	return &Proxy{ctl: c}, nil
+}
+
+// newLocal is New in this process: the proxy of the child process.
+func newLocal(target string, delay time.Duration) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -71,10 +91,20 @@ func Start(tb testing.TB, target string, delay time.Duration) *Proxy {
 }
 
 // Addr is the address clients dial to reach the target through the proxy.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string {
+	if p.ctl != nil {
+		return p.ctl.addr
+	}
+	return p.ln.Addr().String()
+}
 
 // Delay returns the one-way delay in force.
 func (p *Proxy) Delay() time.Duration {
+	if c := p.ctl; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.delay
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.delay
@@ -85,6 +115,13 @@ func (p *Proxy) Delay() time.Duration {
 // they were read under, and no byte overtakes an earlier one: when the
 // delay falls, new bytes wait behind those still held.
 func (p *Proxy) SetDelay(d time.Duration) {
+	if c := p.ctl; c != nil {
+		c.do("delay " + strconv.FormatInt(int64(d), 10))
+		c.mu.Lock()
+		c.delay = d
+		c.mu.Unlock()
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
@@ -98,6 +135,10 @@ func (p *Proxy) SetDelay(d time.Duration) {
 // dropped. SetDelay resumes forwarding; what was held is then delivered
 // at once, in order, as TCP would retransmit it.
 func (p *Proxy) Stop() {
+	if p.ctl != nil {
+		p.ctl.do("stop")
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.setHeldLocked(true)
@@ -122,6 +163,10 @@ func (p *Proxy) state() (held bool, changed <-chan struct{}) {
 // Cut cuts the link: the connections through it are closed and new ones
 // are closed as soon as they are accepted, until Heal.
 func (p *Proxy) Cut() {
+	if p.ctl != nil {
+		p.ctl.do("cut")
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = true
@@ -132,6 +177,10 @@ func (p *Proxy) Cut() {
 
 // Heal lets connections through again.
 func (p *Proxy) Heal() {
+	if p.ctl != nil {
+		p.ctl.do("heal")
+		return
+	}
 	p.mu.Lock()
 	p.cut = false
 	p.mu.Unlock()
@@ -139,6 +188,9 @@ func (p *Proxy) Heal() {
 
 // Close stops the proxy and closes every connection through it.
 func (p *Proxy) Close() error {
+	if p.ctl != nil {
+		return p.ctl.close()
+	}
 	p.mu.Lock()
 	select {
 	case <-p.done:

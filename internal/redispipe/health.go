@@ -249,7 +249,7 @@ func (d *dest) overrun(c *call, fired, now time.Time) (time.Duration, bool) {
 		// by as much again.
 		until = until.Add(lag)
 	}
-	if d.awaitAnswer(since, until) {
+	if d.awaitAnswer(since, until, c.done) {
 		return overrunStep, true
 	}
 	// Short of CPU, the verifications are late too: an answer to a PING

@@ -130,8 +130,12 @@ func (d *dest) verify(since time.Time, marks ...time.Duration) verdict {
 // or later: as the latest verification found, or as the one under way
 // finds if it ends by until (one the caller starts, if none is). It
 // returns by until whatever the verification's own wait: a verification
-// the caller starts runs on, for whoever asks next.
-func (d *dest) awaitAnswer(since, until time.Time) bool {
+// the caller starts runs on, for whoever asks next. It returns true at
+// once when done, the channel of the call that asks (see call.wait),
+// receives: the call has its outcome (its reply, or the error of a
+// server found down), which it then reads without waiting; the value
+// received is sent back for it.
+func (d *dest) awaitAnswer(since, until time.Time, done chan struct{}) bool {
 	w := &d.watch
 	for started := false; ; {
 		if d.answeredAt.Load() >= since.UnixNano() {
@@ -140,12 +144,12 @@ func (d *dest) awaitAnswer(since, until time.Time) bool {
 		if started {
 			return false // the verification this call started found no answer
 		}
-		done := w.done.Load()
+		ended := w.done.Load()
 		if w.mu.TryLock() {
 			if w.conn != nil || !w.dialing {
 				// The channel the verification started here closes (the
 				// one loaded above may be an earlier one's).
-				done = w.done.Load()
+				ended = w.done.Load()
 				started = true
 				d.p.wg.Add(1)
 				go func() {
@@ -157,13 +161,17 @@ func (d *dest) awaitAnswer(since, until time.Time) bool {
 			}
 		}
 		wait := time.Until(until)
-		if wait <= 0 || done == nil {
+		if wait <= 0 || ended == nil {
 			return false
 		}
 		t := time.NewTimer(wait)
 		select {
-		case <-*done:
+		case <-*ended:
 		case <-t.C:
+		case v := <-done:
+			t.Stop()
+			done <- v
+			return true
 		}
 		t.Stop()
 	}
