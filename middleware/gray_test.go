@@ -204,15 +204,17 @@ func runGray(t *testing.T, c grayCase) grayRun {
 	}
 	l := startLoadAt(t, lim, loadKey, c.rate, c.goroutines)
 	time.Sleep(c.warm)
-	run.slowAt = time.Now()
+	// The phases begin when the proxy, in a process of its own, changed
+	// the link.
 	if c.delay < 0 {
 		proxy.Stop()
 	} else {
 		proxy.SetDelay(c.delay)
 	}
+	run.slowAt = proxy.ChangedAt()
 	time.Sleep(c.slow)
-	run.fastAt = time.Now()
 	proxy.SetDelay(0)
+	run.fastAt = proxy.ChangedAt()
 	time.Sleep(c.after)
 	run.outcomes = l.finish()
 	evMu.Lock()

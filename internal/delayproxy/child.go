@@ -24,8 +24,8 @@ import (
 // is late only as a redis-server is: when the machine does not run it.
 //
 // The parent drives the child over its standard input, a command per
-// line, each answered with "ok" on its standard output: "delay NS",
-// "stop", "cut", "heal". The child's first line is the address it
+// line, each answered with "ok" and the instant it took effect (Unix
+// nanoseconds) on its standard output: "delay NS", "stop", "cut", "heal". The child's first line is the address it
 // listens on; it closes the proxy and exits when its standard input
 // ends, so that it never outlives the test.
 const (
@@ -79,7 +79,7 @@ func serveChild(in io.Reader, out io.Writer) error {
 		default:
 			return fmt.Errorf("unknown command %q", sc.Text())
 		}
-		if _, err := fmt.Fprintln(out, "ok"); err != nil {
+		if _, err := fmt.Fprintln(out, "ok", p.ChangedAt().UnixNano()); err != nil {
 			return err
 		}
 	}
@@ -94,7 +94,9 @@ type child struct {
 	out   *bufio.Reader
 	addr  string
 	delay time.Duration
-	err   error // the first failure to drive the child
+	// changed is when the child applied the latest command.
+	changed time.Time
+	err     error // the first failure to drive the child
 }
 
 // childStart starts this binary again as a proxy to target with delay,
@@ -142,8 +144,13 @@ func (c *child) do(command string) {
 		return
 	}
 	line, err := c.out.ReadString('\n')
-	if err == nil && strings.TrimSpace(line) != "ok" {
-		err = fmt.Errorf("%q answered %q", command, line)
+	if err == nil {
+		ok, at, _ := strings.Cut(strings.TrimSpace(line), " ")
+		ns, perr := strconv.ParseInt(at, 10, 64)
+		if ok != "ok" || perr != nil {
+			err = fmt.Errorf("%q answered %q", command, line)
+		}
+		c.changed = time.Unix(0, ns)
 	}
 	if err != nil {
 		c.err = err

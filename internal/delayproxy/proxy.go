@@ -47,10 +47,12 @@ type Proxy struct {
 	// and replaced, whenever held changes.
 	held    bool
 	changed chan struct{}
-	cut     bool
-	conns   map[net.Conn]struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// changedAt is when SetDelay, Stop, Cut or Heal last ran.
+	changedAt time.Time
+	cut       bool
+	conns     map[net.Conn]struct{}
+	done      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // New listens on a free loopback port and forwards to target, each byte
@@ -124,7 +126,7 @@ func (p *Proxy) SetDelay(d time.Duration) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.delay = d
+	p.delay, p.changedAt = d, time.Now()
 	p.setHeldLocked(false)
 }
 
@@ -141,6 +143,7 @@ func (p *Proxy) Stop() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.changedAt = time.Now()
 	p.setHeldLocked(true)
 }
 
@@ -169,7 +172,7 @@ func (p *Proxy) Cut() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cut = true
+	p.cut, p.changedAt = true, time.Now()
 	for c := range p.conns {
 		_ = c.Close()
 	}
@@ -182,8 +185,22 @@ func (p *Proxy) Heal() {
 		return
 	}
 	p.mu.Lock()
-	p.cut = false
+	p.cut, p.changedAt = false, time.Now()
 	p.mu.Unlock()
+}
+
+// ChangedAt returns when the latest SetDelay, Stop, Cut or Heal took
+// effect: in the proxy's process, somewhat before the call returned. A
+// test that measures from a change measures from this.
+func (p *Proxy) ChangedAt() time.Time {
+	if c := p.ctl; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.changed
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changedAt
 }
 
 // Close stops the proxy and closes every connection through it.

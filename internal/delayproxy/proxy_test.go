@@ -222,3 +222,18 @@ func TestOwnProcess(t *testing.T) {
 		t.Errorf("%s still accepts connections after Close", p.Addr())
 	}
 }
+
+// TestChangedAt checks that ChangedAt tells when the proxy process applied
+// the latest change: between the call and its return.
+func TestChangedAt(t *testing.T) {
+	t.Parallel()
+	p := Start(t, echo(t), 0)
+	for _, change := range []func(){func() { p.SetDelay(time.Millisecond) }, p.Stop, p.Cut, p.Heal} {
+		before := time.Now()
+		change()
+		after := time.Now()
+		if at := p.ChangedAt(); at.Before(before) || at.After(after) {
+			t.Errorf("ChangedAt() = %v, want between %v and %v", at, before, after)
+		}
+	}
+}

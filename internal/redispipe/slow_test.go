@@ -37,7 +37,7 @@ func TestSlowServer(t *testing.T) {
 	}
 
 	proxy.SetDelay(100 * time.Millisecond)
-	slowAt := time.Now()
+	slowAt := proxy.ChangedAt()
 	for {
 		took, err := call(callerTimeout)
 		if errors.Is(err, ErrSlow) {
@@ -79,7 +79,7 @@ func TestSlowServer(t *testing.T) {
 	}
 
 	proxy.SetDelay(0)
-	fastAt := time.Now()
+	fastAt := proxy.ChangedAt()
 	up, ok := firstSuccess(p, key, 3*time.Second)
 	if !ok {
 		t.Fatal("no success within 3 s of the link being fast")

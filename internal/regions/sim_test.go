@@ -306,8 +306,7 @@ func runScenario(t testing.TB, sim *regiontest.Sim, sc scenario, m mode, p param
 				}
 			}
 			k := key(mark.Counter, Start(at, mark.Window))
-			healAt = time.Now()
-			sim.Heal(sc.cut)
+			healAt = sim.Heal(sc.cut)
 			for time.Since(healAt) < healWait {
 				done := true
 				for _, r := range sim.Names {

@@ -7,6 +7,7 @@
 package regiontest
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -108,40 +109,59 @@ func (s *Sim) Peers(t testing.TB, r string) map[string]redis.UniversalClient {
 }
 
 // Partition cuts every link between region r and the others, both ways.
-func (s *Sim) Partition(r string) {
-	for b, p := range s.Links[r] {
-		p.Cut()
-		s.Links[b][r].Cut()
-	}
+// It returns when every link is cut, with the instant the last was.
+func (s *Sim) Partition(r string) time.Time {
+	return s.change(r, func(p *Proxy, _ time.Duration) { p.Cut() })
 }
 
 // SlowDown delays every byte between region r and the others by d each
 // way instead of the links' own delay, until Heal: a peer that answers,
-// but late.
-func (s *Sim) SlowDown(r string, d time.Duration) {
-	for b, p := range s.Links[r] {
-		p.SetDelay(d)
-		s.Links[b][r].SetDelay(d)
-	}
+// but late. It returns the instant the last link slowed down.
+func (s *Sim) SlowDown(r string, d time.Duration) time.Time {
+	return s.change(r, func(p *Proxy, _ time.Duration) { p.SetDelay(d) })
 }
 
 // Drop stops every link between region r and the others from carrying
 // anything, without closing a connection, until Heal: a region whose
-// packets are dropped.
-func (s *Sim) Drop(r string) {
-	for b, p := range s.Links[r] {
-		p.Stop()
-		s.Links[b][r].Stop()
-	}
+// packets are dropped. It returns the instant the last link stopped.
+func (s *Sim) Drop(r string) time.Time {
+	return s.change(r, func(p *Proxy, _ time.Duration) { p.Stop() })
 }
 
 // Heal heals every link between region r and the others: cut, slowed
-// down or dropping, each carries again with its own delay.
-func (s *Sim) Heal(r string) {
-	for b, p := range s.Links[r] {
+// down or dropping, each carries again with its own delay. It returns the
+// instant the last link was healed, from which a test measures what
+// healing takes.
+func (s *Sim) Heal(r string) time.Time {
+	return s.change(r, func(p *Proxy, own time.Duration) {
 		p.Heal()
-		p.SetDelay(s.delay(r, b))
-		s.Links[b][r].Heal()
-		s.Links[b][r].SetDelay(s.delay(b, r))
+		p.SetDelay(own)
+	})
+}
+
+// change applies do to every link between region r and the others, both
+// ways, at once (each proxy runs in a process of its own, see package
+// delayproxy, and answers in its own time), with each link's own delay,
+// and returns when the last change took effect.
+func (s *Sim) change(r string, do func(p *Proxy, own time.Duration)) time.Time {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var last time.Time
+	apply := func(p *Proxy, own time.Duration) {
+		defer wg.Done()
+		do(p, own)
+		at := p.ChangedAt()
+		mu.Lock()
+		if at.After(last) {
+			last = at
+		}
+		mu.Unlock()
 	}
+	for b, p := range s.Links[r] {
+		wg.Add(2)
+		go apply(p, s.delay(r, b))
+		go apply(s.Links[b][r], s.delay(b, r))
+	}
+	wg.Wait()
+	return last
 }
