@@ -449,6 +449,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request, 
 	cost = max(cost, 1)
 	limits, nominal, names, policy, prepared := rule.limits, rule.nominal, rule.names, rule.policy, rule.prepared
 	elastic := rule.elastic
+	exact := false
 	if rule.LimitsFunc != nil {
 		prepared = nil
 		var err error
@@ -460,6 +461,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request, 
 		if cl := l.overrideFor(rule, key); cl != nil {
 			limits, nominal, names, policy, prepared = cl.limits, cl.nominal, cl.names, cl.policy, cl.prepared
 			elastic = false // overrides have no Ceiling
+			exact = cl.exact
 		}
 	}
 	if elastic && !rule.Shadow {
@@ -471,7 +473,7 @@ func (l *Limiter) addCharges(s *scratch, rule *compiledRule, r keyfunc.Request, 
 		dst, metas = &s.shadow, &s.shadowMetas
 	}
 	for i, lim := range limits {
-		*dst = append(*dst, Charge{Key: key, Name: rule.Name, Limit: lim, Cost: cost})
+		*dst = append(*dst, Charge{Key: key, Name: rule.Name, Limit: lim, Cost: cost, exact: exact})
 		m := chargeMeta{name: names[i], nominal: &nominal[i], policy: policy, top: rule.top}
 		if prepared != nil {
 			m.prepared = prepared[i]

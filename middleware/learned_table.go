@@ -338,6 +338,13 @@ func (l *Limiter) learnedLimits(rule *compiledRule, key string, base *compiledLi
 		l.cfg.report(nil, fmt.Errorf("sluice: learned limits of rule %q: %w", rule.Name, cl.err))
 		return nil
 	}
+	// A budget at an upstream's announced limit is decided in the store,
+	// in any Sync mode: a lease's slice spent up to an interval after it
+	// was counted, or a write-back's unsynced count, puts an upstream
+	// that counts exactly over its limit now and then, and each refusal
+	// may pause the fleet a second. It costs each request a round trip
+	// to Redis, small beside the upstream's own.
+	cl.exact = true
 	b.compiled.Store(&learnedCompiled{rule: rule, base: base, ns: slices.Clone(ns), burst: burst, cl: cl})
 	return cl
 }

@@ -251,6 +251,62 @@ func TestLearnFleet(t *testing.T) {
 	}
 }
 
+// TestLearnedDecidedExactly: a budget learned of an upstream is decided in
+// Redis in lease mode, request by request, while the same rule's other
+// keys lease slices. Redis's count (Peek) tells: a key decided exactly has
+// counted what was admitted, one with slices more than that.
+func TestLearnedDecidedExactly(t *testing.T) {
+	t.Parallel()
+	// Real time: decisions on Redis go by its clock.
+	lim, err := middleware.NewRules([]middleware.Rule{{Name: "up", Key: keyfunc.Header("X-K"), Sync: middleware.SyncLease, Lease: 50,
+		Limits: []middleware.Limit{middleware.PerMinute(600)}}}, middleware.WithStore(redisStoreFor(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	ctx := context.Background()
+	decide := func(value string) string {
+		t.Helper()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-K", value)
+		res, err := lim.Decide(keyfunc.FromHTTP(r))
+		if err != nil || !res.Allowed {
+			t.Fatalf("%s: %+v, %v", value, res, err)
+		}
+		return res.Key()
+	}
+	const n = 40
+	keys := map[string]string{}
+	for _, v := range []string{"learned", "leased"} {
+		keys[v] = decide(v) // the first, cold: decided exactly either way
+		if v == "learned" {
+			l, err := lim.Learn(ctx, middleware.Evidence{Rule: "up", Key: keys[v], Quotas: []middleware.Quota{{Units: 300, Window: time.Minute}}})
+			if err != nil || len(l.Limits) == 0 || l.Limits[0].Requests >= 300 {
+				t.Fatalf("learned %+v, %v; want a limit below the quota of 300", l, err)
+			}
+		}
+		for range n - 1 {
+			decide(v)
+		}
+	}
+	counted := func(v string) int {
+		t.Helper()
+		st, err := lim.Peek(ctx, "up", keys[v])
+		if err != nil || len(st) == 0 {
+			t.Fatalf("Peek %s: %v, %v", v, st, err)
+		}
+		return st[0].Limit.Requests - st[0].Remaining
+	}
+	if got := counted("learned"); got != n {
+		t.Errorf("Redis counted %d of the learned key's %d admitted requests, want exactly %d: decided in Redis", got, n, n)
+	}
+	// The control: without a learned budget the rule leases (slices of 2,
+	// 4, 8, ... units, counted in Redis before they are spent).
+	if got := counted("leased"); got <= n {
+		t.Errorf("Redis counted %d of the leased key's %d admitted requests, want more (slices reserved): the rule did not lease", got, n)
+	}
+}
+
 // TestLearnUsage: a quota of tokens lowers a rule's usage limit (never
 // below the most one request may use), and decisions charge against it.
 func TestLearnUsage(t *testing.T) {

@@ -86,6 +86,9 @@ type compiledLimits struct {
 	policy   string
 	prepared []*headerwrite.Prepared
 	err      error
+	// exact: the limits were learned of an upstream (learnedLimits), and
+	// are decided in the store whatever the rule's Sync mode.
+	exact bool
 }
 
 // compileLimits checks limits against rule c and compiles them.

@@ -223,6 +223,10 @@ type Charge struct {
 	Limit Limit
 	// Cost is how many units the request consumes; 0 only reads.
 	Cost int
+	// exact: decided by the store itself even for a rule in lease or
+	// write-back mode (a budget learned of an upstream, see
+	// learnedLimits); the internal twin reads it (window.Charge.Exact).
+	exact bool
 }
 
 // Decision is a Store's answer for one Charge.

@@ -127,6 +127,10 @@
 //   - a lowered budget of a window of at most a second is spent evenly: a
 //     token bucket at its rate, with a burst of 2% (at least 2, and the
 //     margin), beside its limits;
+//   - a lowered budget is decided in Redis request by request, in lease
+//     and write-back modes too (after its server spends what a slice it
+//     leased before has left): a slice counted when leased and spent
+//     later puts an upstream that counts exactly over its limit;
 //   - f, shared by the fleet in the store, is 1 until a refusal of a
 //     request admitted at least τ (the limit's window, between 1 s and
 //     1 min) after the last cut, and after the budget was first heard of

@@ -73,7 +73,8 @@ import (
 //	go test -run '^$' -bench BenchmarkOutbound -benchtime 1x -count 1 -timeout 60m
 //
 // SLUICE_OUTBOUND_SECONDS sets the length of the matched and half runs
-// (default 15); a change run lasts 30 s.
+// (default 15); a change run lasts 30 s. SLUICE_OUTBOUND_DEBUG logs each
+// refusal with what the upstream admitted in the second before it.
 func BenchmarkOutbound(b *testing.B) {
 	secs := 15
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_OUTBOUND_SECONDS")); err == nil && v > 2 {
@@ -257,6 +258,19 @@ func runOutbound(b *testing.B, srv *redistest.Server, bin, client string, sc out
 		b.ReportMetric(float64(rec.MostWithin(0, run)), "most/s")
 		b.ReportMetric(rec.LongestGap(5*time.Second, run).Seconds(), "gap-s")
 		b.ReportMetric(float64(total.MaxLearned), "learned-max")
+	}
+	if os.Getenv("SLUICE_OUTBOUND_DEBUG") != "" {
+		for i, n := range rec.Ref {
+			if n == 0 {
+				continue
+			}
+			at := time.Duration(i) * upstreamtest.BinWidth
+			var prev []int
+			for u := at - time.Second; u < at; u += 100 * time.Millisecond {
+				prev = append(prev, rec.Admitted(u, u+100*time.Millisecond))
+			}
+			b.Logf("refused %d at %v; admitted in the second before, per 100ms: %v (sum %d)", n, at, prev, rec.Admitted(at-time.Second+upstreamtest.BinWidth, at+upstreamtest.BinWidth))
+		}
 	}
 	late := rec.Refused(2*time.Second, run)
 	b.ReportMetric(100*rec.Used(2*time.Second, run), "used-%")

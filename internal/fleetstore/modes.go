@@ -226,6 +226,31 @@ func (s *Store) push(ctx context.Context, sh *shard, id ident, call, ms int64) e
 	return s.run(ctx, sh, id, &j, call, ms)
 }
 
+// spendSlice admits charge c from what is left of the slice its counter
+// holds, if it covers c's cost, without asking for another: for a charge
+// to be decided exactly (window.Charge.Exact) whose counter a slice was
+// leased for before. It reports whether it did.
+func (s *Store) spendSlice(c *window.Charge, b *binding, ms int64, out *window.Decision) bool {
+	sh, id := s.locate(c)
+	cost := int64(c.Cost)
+	sh.mu.Lock()
+	e, _ := sh.lookup(id)
+	if e == nil || e.up <= ms || e.uc < cost {
+		sh.mu.Unlock()
+		return false
+	}
+	e.b = b
+	e.used = ms
+	e.uc -= cost
+	left := e.uc
+	st, at := b.lim.Roll(e.state(), ms)
+	e.setState(st)
+	sh.mu.Unlock()
+	*out = window.Describe(st, at, b.lim, cost, true)
+	out.Remaining = min(out.Remaining+int(left), b.lim.Capacity())
+	return true
+}
+
 // takeLease decides charge c from the slice its counter holds, asking
 // for a slice if none is left; or reports that the counter is cold, for
 // the caller to decide it exactly: its counter holds no slice and was not

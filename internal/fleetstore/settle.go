@@ -46,7 +46,12 @@ func (s *Store) Settle(ctx context.Context, now time.Time, charges []window.Char
 		if c.Cost < 0 {
 			return fmt.Errorf("fleetstore: charge %d: negative cost %d", i, c.Cost)
 		}
-		bs[i] = s.bind(rules, c, nil)
+		if !c.Exact() {
+			// (A charge to decide exactly settles in the shared store,
+			// even one that spent a slice's last units: the store counts
+			// the same either way.)
+			bs[i] = s.bind(rules, c, nil)
+		}
 	}
 	ms, call := s.instant(now)
 	var rest []window.Charge
@@ -154,7 +159,7 @@ func (s *Store) Refund(ctx context.Context, at time.Time, charges []window.Charg
 		if c.Cost < 0 {
 			return fmt.Errorf("fleetstore: charge %d: negative cost %d", i, c.Cost)
 		}
-		if b := s.bind(rules, c, nil); b != nil {
+		if b := s.bind(rules, c, nil); b != nil && !c.Exact() {
 			s.giveBack(c, b)
 		} else {
 			rest = append(rest, *c)

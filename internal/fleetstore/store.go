@@ -558,7 +558,18 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []window.Charge
 		c := &charges[i]
 		var ok, cold bool
 		var err error
-		if b.set.Mode == fleet.Lease {
+		if c.Exact() {
+			// Decided in the shared store (window.Charge.Exact), but from
+			// what is left of a slice this server holds, which the store
+			// counted already: the budget that was leased before the
+			// charge had to be exact is spent, not stranded.
+			if b.set.Mode != fleet.Lease || !s.spendSlice(c, b, ms, &out[i]) {
+				bs[i] = nil
+				local--
+				continue
+			}
+			ok = true
+		} else if b.set.Mode == fleet.Lease {
 			ok, cold, err = s.takeLease(ctx, ms, call, c, b, &out[i])
 			if cold {
 				// Decided exactly, with the request's exact charges.

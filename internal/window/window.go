@@ -428,7 +428,17 @@ type Charge struct {
 	Limit Limit
 	// Cost is how many units the request consumes; 0 only reads.
 	Cost int
+	// exact asks a store that decides some rules' counters in memory
+	// (package fleetstore) to decide this one in the shared store, as
+	// exact mode does (see Exact).
+	exact bool
 }
+
+// Exact reports whether c is to be decided in the shared store whatever
+// its rule's fleet mode: its limit was lowered to what an upstream
+// announces, which a slice spent late or an unsynced count would put an
+// upstream that counts exactly over.
+func (c *Charge) Exact() bool { return c.exact }
 
 // Decision is the outcome of one Charge.
 type Decision struct {
