@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,8 +30,13 @@ func TestExampleServers(t *testing.T) {
 		method, path string
 		header       [2]string
 		times        int // send it this many times
-		want         int // status of the last one
+		want         int // status of the last one, or the first that is not 200
 	}
+	// The paths whose limit has a ceiling that an idle server opens: on a
+	// busy machine the capacity signal may close it while a probe runs,
+	// which a 429 then says in its RateLimit-Policy (a quota below the
+	// probe's count).
+	elastic := map[string]bool{"/api/burst": true}
 	builtin := []probe{
 		{"GET", "/search", [2]string{}, 5, 200},
 		{"GET", "/search", [2]string{}, 1, 429},
@@ -64,6 +70,7 @@ func TestExampleServers(t *testing.T) {
 				client := &http.Client{Timeout: 5 * time.Second}
 				for _, p := range probes {
 					var code int
+					var policy string
 					for range p.times {
 						req, _ := http.NewRequest(p.method, "http://"+addr+p.path, nil)
 						if p.header[0] != "" {
@@ -74,7 +81,14 @@ func TestExampleServers(t *testing.T) {
 							t.Fatal(err)
 						}
 						resp.Body.Close()
-						code = resp.StatusCode
+						code, policy = resp.StatusCode, resp.Header.Get("RateLimit-Policy")
+						if code != 200 {
+							break
+						}
+					}
+					if elastic[p.path] && code == 429 && quotaBelow(policy, p.times) {
+						t.Logf("%s %s ×%d: 429 with RateLimit-Policy %q: the machine was busy and the ceiling closed", p.method, p.path, p.times, policy)
+						continue
 					}
 					if code != p.want {
 						t.Fatalf("%s %s %v ×%d: status %d, want %d", p.method, p.path, p.header, p.times, code, p.want)
@@ -83,6 +97,18 @@ func TestExampleServers(t *testing.T) {
 			})
 		}
 	}
+}
+
+// quotaBelow reports whether the RateLimit-Policy field policy announces a
+// quota (q) below n.
+func quotaBelow(policy string, n int) bool {
+	for _, param := range strings.Split(policy, ";") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(param), "q="); ok {
+			q, err := strconv.Atoi(v)
+			return err == nil && q < n
+		}
+	}
+	return false
 }
 
 // TestAdminListener: the admin handler refuses requests without the token
