@@ -120,3 +120,16 @@ func refreshLag(now time.Time) {
 		processLag(now)
 	}
 }
+
+// OverrunAllowance is how long past its deadline, beyond overrunSlack, a
+// call that waits for a verification's verdict may be held at now (see
+// dest.overrun): this process's scheduling lag (processLag), twice over
+// when it is past starvedLag. Tests that bound how long a call may take
+// read the same figure the calls go by.
+func OverrunAllowance(now time.Time) time.Duration {
+	lag := processLag(now)
+	if lag > starvedLag {
+		return 2 * lag
+	}
+	return lag
+}
